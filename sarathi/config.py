@@ -1,0 +1,178 @@
+"""Typed, validated configuration for the engine. Pure Python: the simulator uses the same objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SCHEDULER_NAMES = ("sarathi", "vllm", "orca", "faster_transformer", "simple_chunking")
+
+# Chosen for the 2-core CPU this project targets: a linear layer's cost is flat only up to ~8-16 tokens and
+# grows linearly after, so the budget trades time-between-tokens against throughput almost linearly.
+# 128 tokens keeps an iteration of the embedded SmolLM2-135M in fp32 near 100 ms (see README).
+DEFAULT_TOKEN_BUDGET = 128
+DEFAULT_MAX_NUM_SEQS = 128
+DEFAULT_KV_CACHE_MEMORY_GIB = 2.0
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ChunkSchedule:
+    """Dynamic chunk sizes: a long prompt's chunks shrink from ``high`` to ``low`` as it progresses.
+
+    The chunk size used for a prompt with ``p`` tokens already computed is stage ``p // tokens_per_stage``
+    (capped at the last) of ``num_stages`` sizes spaced linearly from ``high_chunk_size`` down to
+    ``low_chunk_size``. Later chunks attend to more keys and cost more, so shrinking them keeps the
+    iteration time near-uniform.
+    """
+
+    low_chunk_size: int
+    high_chunk_size: int
+    num_stages: int
+    tokens_per_stage: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.low_chunk_size <= self.high_chunk_size:
+            raise ValueError(
+                f"chunk schedule needs 1 <= low_chunk_size <= high_chunk_size, "
+                f"got low={self.low_chunk_size} high={self.high_chunk_size}"
+            )
+        if self.num_stages < 1:
+            raise ValueError(f"chunk schedule num_stages must be >= 1, got {self.num_stages}")
+        if self.tokens_per_stage < 1:
+            raise ValueError(f"chunk schedule tokens_per_stage must be >= 1, got {self.tokens_per_stage}")
+
+    @property
+    def chunk_sizes(self) -> list[int]:
+        if self.num_stages == 1:
+            return [self.high_chunk_size]
+        step = (self.high_chunk_size - self.low_chunk_size) / (self.num_stages - 1)
+        return [round(self.high_chunk_size - i * step) for i in range(self.num_stages)]
+
+    def chunk_size(self, num_computed_tokens: int) -> int:
+        """Chunk size for a prompt that has ``num_computed_tokens`` tokens in the KV cache."""
+        sizes = self.chunk_sizes
+        return sizes[min(num_computed_tokens // self.tokens_per_stage, len(sizes) - 1)]
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Which batching policy to run and its limits.
+
+    ``token_budget`` bounds the tokens of one iteration for the chunking schedulers (sarathi,
+    simple_chunking). ``max_num_batched_tokens`` bounds a batch of whole prompts for the others
+    (vllm, orca, faster_transformer); None means the model's max length.
+    """
+
+    name: str = "sarathi"
+    token_budget: int = DEFAULT_TOKEN_BUDGET
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int | None = None
+    chunk_schedule: ChunkSchedule | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in SCHEDULER_NAMES:
+            raise ValueError(f"unknown scheduler {self.name!r}; choose one of: {', '.join(SCHEDULER_NAMES)}")
+        if self.token_budget < 1:
+            raise ValueError(f"token_budget must be >= 1, got {self.token_budget}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache: block size and pool size (a block count, or a memory budget in GiB)."""
+
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_gib: float | None = None
+    watermark: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.num_kv_blocks is not None and self.kv_cache_memory_gib is not None:
+            raise ValueError("give either num_kv_blocks or kv_cache_memory_gib, not both")
+        if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
+            raise ValueError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which weights to load and how.
+
+    ``model`` is a Hugging Face checkpoint folder, a .gguf file, or None for the embedded SmolLM2-135M.
+    ``load_format`` is 'auto', 'safetensors', 'gguf' or 'dummy' (random weights for the folder's config or
+    ``hf_config``). ``max_model_len`` None means the model's own maximum.
+    """
+
+    model: str | None = None
+    load_format: str = "auto"
+    dtype: str = "float32"
+    max_model_len: int | None = None
+    seed: int = 0
+    hf_config: dict | None = None
+
+    def __post_init__(self) -> None:
+        if self.load_format not in ("auto", "safetensors", "gguf", "dummy"):
+            raise ValueError(
+                f"unknown load_format {self.load_format!r}; choose one of: auto, safetensors, gguf, dummy"
+            )
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs: model, KV cache and scheduler settings."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+def engine_config(
+    model: str | None = None,
+    *,
+    scheduler: str = "sarathi",
+    token_budget: int = DEFAULT_TOKEN_BUDGET,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    max_num_batched_tokens: int | None = None,
+    chunk_schedule: ChunkSchedule | None = None,
+    dtype: str = "float32",
+    load_format: str = "auto",
+    max_model_len: int | None = None,
+    hf_config: dict | None = None,
+    seed: int = 0,
+    block_size: int = 16,
+    num_kv_blocks: int | None = None,
+    kv_cache_memory_gib: float | None = None,
+) -> EngineConfig:
+    """Build a validated EngineConfig from flat keyword arguments (the offline API and the CLI use this)."""
+    return EngineConfig(
+        model=ModelConfig(
+            model=model,
+            load_format=load_format,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            hf_config=hf_config,
+        ),
+        cache=CacheConfig(
+            block_size=block_size, num_kv_blocks=num_kv_blocks, kv_cache_memory_gib=kv_cache_memory_gib
+        ),
+        scheduler=SchedulerConfig(
+            name=scheduler,
+            token_budget=token_budget,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            chunk_schedule=chunk_schedule,
+        ),
+    )

@@ -1,0 +1,219 @@
+"""The engine: requests in, one scheduled batch per step, tokens and finish status out."""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import torch
+
+from sarathi.config import EngineConfig
+from sarathi.core.block_manager import BlockManager
+from sarathi.core.schedulers import make_scheduler
+from sarathi.core.sequence import Sequence, SequenceStatus
+from sarathi.engine.model_runner import ModelRunner
+from sarathi.engine.sampler import Sampler
+from sarathi.model import allocate_kv_cache, kv_cache_bytes_per_block, load_model
+from sarathi.outputs import IterationStats, RequestMetrics, RequestOutput
+from sarathi.sampling_params import SamplingParams
+from sarathi.tokenizer import IncrementalDetokenizer, Tokenizer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_MAX_KEPT_STATS = 100_000
+
+
+class LLMEngine:
+    """Owns the model, the paged KV cache, the scheduler and the sampler; ``step()`` runs one iteration.
+
+    Bad requests raise ``ValueError`` from ``add_request`` and leave every other request untouched.
+    """
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config = config or EngineConfig()
+        mc, cc = config.model, config.cache
+        self.dtype = _DTYPES[mc.dtype]
+        self.device = torch.device("cpu")
+        self.model, self.arch, tokenizer_dir = load_model(
+            mc.model, load_format=mc.load_format, dtype=self.dtype, hf_config=mc.hf_config, seed=mc.seed
+        )
+        self.tokenizer = Tokenizer(tokenizer_dir) if tokenizer_dir else None
+        self.max_model_len = self._resolve_max_model_len()
+        self.num_kv_blocks = self._resolve_num_blocks()
+        self.kv_caches = allocate_kv_cache(
+            self.arch, self.num_kv_blocks, cc.block_size, self.dtype, self.device
+        )
+        self.block_manager = BlockManager(self.num_kv_blocks, cc.block_size, cc.watermark)
+        self.scheduler = make_scheduler(config.scheduler, self.block_manager, self.max_model_len)
+        self.runner = ModelRunner(self.model, self.kv_caches, self.block_manager, self.device)
+        self.sampler = Sampler(mc.seed)
+        self.eos_token_id = self.arch.eos_token_id
+        if self.eos_token_id is None and self.tokenizer is not None:
+            self.eos_token_id = self.tokenizer.eos_token_id
+        self.stats: collections.deque[IterationStats] = collections.deque(maxlen=_MAX_KEPT_STATS)
+        self._seqs: dict[str, Sequence] = {}
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._iteration = 0
+
+    # --- setup -------------------------------------------------------------------------------------------
+    def _resolve_max_model_len(self) -> int:
+        limit = self.arch.max_position_embeddings
+        asked = self.config.model.max_model_len
+        if asked is None:
+            return limit
+        if asked > limit:
+            raise ValueError(f"max_model_len {asked} exceeds the model's max_position_embeddings {limit}")
+        return asked
+
+    def _resolve_num_blocks(self) -> int:
+        cc = self.config.cache
+        if cc.num_kv_blocks is not None:
+            return cc.num_kv_blocks
+        gib = cc.kv_cache_memory_gib
+        if gib is None:
+            from sarathi.config import DEFAULT_KV_CACHE_MEMORY_GIB
+
+            gib = DEFAULT_KV_CACHE_MEMORY_GIB
+        per_block = kv_cache_bytes_per_block(self.arch, cc.block_size, self.dtype)
+        num_blocks = int(gib * 2**30) // per_block
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache_memory_gib={gib} is smaller than one KV block ({per_block} bytes)")
+        return num_blocks
+
+    # --- requests ----------------------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        sampling_params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request (a text prompt or token ids). Raises ValueError naming the problem."""
+        if request_id in self._seqs:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        params = sampling_params or SamplingParams()
+        token_ids = self._prompt_token_ids(prompt)
+        seq = Sequence(
+            seq_id=request_id,
+            prompt_token_ids=token_ids,
+            sampling_params=params,
+            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+            max_model_len=self.max_model_len,
+            eos_token_id=self.eos_token_id,
+        )
+        self.scheduler.add_sequence(seq)
+        self._seqs[request_id] = seq
+        if self.tokenizer is not None:
+            self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids)
+
+    def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer: pass prompt token ids instead of text")
+            token_ids = self.tokenizer.encode(prompt)
+        else:
+            token_ids = list(prompt)
+            vocab = self.arch.vocab_size
+            bad = [
+                t for t in token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab
+            ]
+            if bad:
+                raise ValueError(f"prompt token ids must be integers in [0, {vocab}), got {bad[:5]}")
+        if not token_ids:
+            raise ValueError("prompt is empty")
+        return token_ids
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request wherever it is; its KV blocks are freed. Unknown ids are ignored."""
+        if request_id in self._seqs:
+            self.scheduler.abort_sequence(request_id, time.monotonic())
+            self._forget(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return self.scheduler.num_waiting + self.scheduler.num_running
+
+    # --- the loop ----------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration; return an output for every request that got a token or finished."""
+        start = time.monotonic()
+        batch = self.scheduler.schedule(start)
+        if batch.is_empty:
+            return []
+        sampling = [e for e in batch.entries if e.samples]
+        logits = self.runner.execute(batch)
+        tokens = self.sampler(
+            logits, [e.seq.sampling_params for e in sampling], [e.seq.num_output_tokens for e in sampling]
+        )
+        end = time.monotonic()
+        new_tokens = {e.seq.seq_id: t for e, t in zip(sampling, tokens, strict=True)}
+        self.scheduler.finish_step(batch, new_tokens, end)
+        outputs = [self._emit(e.seq, new_tokens[e.seq.seq_id], end) for e in sampling]
+        self._record_stats(batch, start, end)
+        return outputs
+
+    def _emit(self, seq: Sequence, token_id: int, now: float) -> RequestOutput:
+        detok = self._detokenizers.get(seq.seq_id)
+        new_text = ""
+        if detok is not None:
+            new_text = detok.add([token_id])
+            if not seq.is_finished:
+                new_text = self._check_stop_strings(seq, detok, new_text, now)
+        output = RequestOutput(
+            request_id=seq.seq_id,
+            prompt_token_ids=seq.prompt_token_ids,
+            new_token_ids=[token_id],
+            new_text=new_text,
+            token_ids=list(seq.output_token_ids),
+            text=detok.text if detok is not None else "",
+            finished=seq.is_finished,
+            finish_reason=seq.status.finish_reason,
+            stop_reason=seq.stop_reason,
+            metrics=RequestMetrics.of(seq),
+        )
+        if seq.is_finished:
+            self._forget(seq.seq_id)
+        return output
+
+    def _check_stop_strings(
+        self, seq: Sequence, detok: IncrementalDetokenizer, delta: str, now: float
+    ) -> str:
+        stops = seq.sampling_params.stop
+        if not stops or not delta:
+            return delta
+        text = detok.text
+        # Only the tail can hold a stop string that was not there before this delta.
+        search_from = max(0, len(text) - len(delta) - max(len(s) for s in stops) + 1)
+        hits = [(i, s) for s in stops if (i := text.find(s, search_from)) != -1]
+        if not hits:
+            return delta
+        index, stop = min(hits)
+        cut = index + len(stop) if seq.sampling_params.include_stop_str_in_output else index
+        old_len = len(text) - len(delta)
+        detok.text = text[:cut]
+        self.scheduler.finish_sequence(seq, SequenceStatus.FINISHED_STOPPED, now, stop_reason=stop)
+        return detok.text[old_len:]
+
+    def _forget(self, request_id: str) -> None:
+        self._seqs.pop(request_id, None)
+        self._detokenizers.pop(request_id, None)
+
+    def _record_stats(self, batch, start: float, end: float) -> None:
+        self.stats.append(
+            IterationStats(
+                iteration=self._iteration,
+                start_time=start,
+                wall_time=end - start,
+                num_prefill_tokens=batch.num_prefill_tokens,
+                num_decode_tokens=batch.num_decode_tokens,
+                num_seqs=batch.num_seqs,
+                num_preempted=len(batch.preempted),
+                num_running=self.scheduler.num_running,
+                num_waiting=self.scheduler.num_waiting,
+                num_used_blocks=self.block_manager.num_used_blocks,
+                seq_ids=tuple(batch.seq_ids),
+            )
+        )
+        self._iteration += 1

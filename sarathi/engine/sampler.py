@@ -1,0 +1,54 @@
+"""Token sampling: greedy, temperature, top-k, top-p, with per-request seeds."""
+
+from __future__ import annotations
+
+import torch
+
+from sarathi.sampling_params import SamplingParams
+
+_SEED_MIX = 0x9E3779B97F4A7C15  # keeps (seed, step) pairs from colliding across requests
+_MASK64 = (1 << 63) - 1
+
+
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """A generator that depends only on the request's seed and how many tokens it has emitted.
+
+    That makes a seeded request's samples independent of batch company and of preemption.
+    """
+    return torch.Generator().manual_seed((seed * _SEED_MIX + step) & _MASK64)
+
+
+class Sampler:
+    """Picks one token per row of float32 logits, each row with its own ``SamplingParams``."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self._unseeded = torch.Generator().manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, params: list[SamplingParams], steps: list[int]) -> list[int]:
+        """``steps[i]``: number of tokens row ``i``'s request has emitted so far (for seeded requests)."""
+        if logits.shape[0] != len(params):
+            raise ValueError(f"{logits.shape[0]} logit rows for {len(params)} requests")
+        logits = logits.float()
+        tokens = logits.argmax(dim=-1).tolist()
+        for i, p in enumerate(params):
+            if not p.greedy:
+                gen = self._unseeded if p.seed is None else step_generator(p.seed, steps[i])
+                tokens[i] = _sample_row(logits[i], p, gen)
+        return tokens
+
+
+def _sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int:
+    logits = logits / p.temperature
+    if p.top_k > 0 and p.top_k < logits.numel():
+        kth = torch.topk(logits, p.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if p.top_p < 1.0:
+        sorted_logits, order = logits.sort(descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        # Drop a token when the tokens before it already cover top_p; the first token always stays.
+        drop = (cum - sorted_logits.softmax(-1)) >= p.top_p
+        logits = logits.index_fill(0, order[drop], float("-inf"))
+    probs = logits.softmax(-1)
+    # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, with our own generator.
+    noise = torch.empty_like(probs).exponential_(generator=gen)
+    return int((probs / noise).argmax())

@@ -1,0 +1,72 @@
+"""Command-line flags for the engine (shared by every entry point) and their mapping to EngineConfig."""
+
+from __future__ import annotations
+
+import argparse
+
+from sarathi.config import (
+    DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_TOKEN_BUDGET,
+    DTYPES,
+    SCHEDULER_NAMES,
+    ChunkSchedule,
+    EngineConfig,
+    engine_config,
+)
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add model, KV cache and scheduler flags to ``parser``."""
+    m = parser.add_argument_group("model")
+    m.add_argument(
+        "--model", default=None, help="HF checkpoint folder or .gguf file (default: embedded SmolLM2)"
+    )
+    m.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"])
+    m.add_argument("--dtype", default="float32", choices=DTYPES)
+    m.add_argument("--max-model-len", type=int, default=None)
+    m.add_argument("--seed", type=int, default=0)
+
+    c = parser.add_argument_group("KV cache")
+    c.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    c.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size in blocks")
+    c.add_argument("--kv-cache-memory", type=float, default=None, help="KV pool size in GiB (default 2)")
+
+    s = parser.add_argument_group("scheduler")
+    s.add_argument("--scheduler", default="sarathi", help=f"one of: {', '.join(SCHEDULER_NAMES)}")
+    s.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET, help="tokens per iteration")
+    s.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS)
+    s.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="prompt tokens per batch (vllm/orca/ft)"
+    )
+    s.add_argument("--low-chunk-size", type=int, default=None, help="enables the dynamic chunk schedule")
+    s.add_argument("--high-chunk-size", type=int, default=None, help="default: the token budget")
+    s.add_argument("--chunk-schedule-stages", type=int, default=4)
+    s.add_argument("--chunk-schedule-tokens-per-stage", type=int, default=512)
+    return parser
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """Build a validated EngineConfig from parsed flags (ValueError names a bad flag value)."""
+    schedule = None
+    if args.low_chunk_size is not None:
+        schedule = ChunkSchedule(
+            low_chunk_size=args.low_chunk_size,
+            high_chunk_size=args.high_chunk_size or args.token_budget,
+            num_stages=args.chunk_schedule_stages,
+            tokens_per_stage=args.chunk_schedule_tokens_per_stage,
+        )
+    return engine_config(
+        args.model,
+        load_format=args.load_format,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        seed=args.seed,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        kv_cache_memory_gib=args.kv_cache_memory,
+        scheduler=args.scheduler,
+        token_budget=args.token_budget,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        chunk_schedule=schedule,
+    )

@@ -1,0 +1,98 @@
+"""Offline batch inference: ``LLM(...).generate(prompts, params)`` and ``LLM(...).chat(messages)``."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as Seq
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from sarathi.config import engine_config
+from sarathi.engine.llm_engine import LLMEngine
+from sarathi.outputs import RequestOutput
+from sarathi.sampling_params import SamplingParams
+from sarathi.tokenizer import Tokenizer
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """A whole engine behind a simple call: give prompts, get finished outputs in the same order.
+
+    ``model`` is a Hugging Face folder, a .gguf file, or None for the embedded SmolLM2-135M-Instruct.
+    """
+
+    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        """Keyword arguments are those of ``sarathi.config.engine_config`` (scheduler, token_budget, dtype,
+        max_num_seqs, num_kv_blocks, ...)."""
+        self.engine = LLMEngine(engine_config(model, **kwargs))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> Tokenizer:
+        if self.engine.tokenizer is None:
+            raise ValueError("this model has no tokenizer")
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (text or token ids); outputs come back in prompt order.
+
+        If any prompt is invalid, nothing runs and ValueError names the prompt's index and the problem.
+        """
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        request_ids = self._add_all(prompts, params)
+        return self._run(request_ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict] | Seq[list[dict]],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them, using the model's chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tokenizer = self.get_tokenizer()
+        prompts = [tokenizer.apply_chat_template(c, add_generation_prompt) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _add_all(self, prompts: list[Prompt], params: list[SamplingParams]) -> list[str]:
+        added: list[str] = []
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            request_id = f"offline-{next(self._ids)}"
+            try:
+                self.engine.add_request(request_id, prompt, p)
+            except ValueError as e:
+                for rid in added:
+                    self.engine.abort_request(rid)
+                raise ValueError(f"prompt {i}: {e}") from e
+            added.append(request_id)
+        return added
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        wanted = set(request_ids)
+        finished: dict[str, RequestOutput] = {}
+        with tqdm(total=len(request_ids), desc="generate", unit="req", disable=not use_tqdm) as bar:
+            while len(finished) < len(request_ids):
+                if not self.engine.has_unfinished_requests():
+                    raise RuntimeError("engine stopped with requests still unfinished")
+                for out in self.engine.step():
+                    if out.finished and out.request_id in wanted:
+                        finished[out.request_id] = out
+                        bar.update(1)
+        return [finished[r] for r in request_ids]

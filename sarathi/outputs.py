@@ -1,0 +1,85 @@
+"""What the engine reports: per-request outputs with latency metrics, and per-iteration stats."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from sarathi.core.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """Timestamps (seconds, ``time.monotonic`` clock) of one request and the latencies derived from them."""
+
+    arrival_time: float
+    first_scheduled_time: float | None
+    token_times: tuple[float, ...]
+    finished_time: float | None
+    num_preemptions: int
+
+    @classmethod
+    def of(cls, seq: Sequence) -> RequestMetrics:
+        return cls(
+            arrival_time=seq.arrival_time,
+            first_scheduled_time=seq.first_scheduled_time,
+            token_times=tuple(seq.token_times),
+            finished_time=seq.finished_time,
+            num_preemptions=seq.num_preemptions,
+        )
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token."""
+        return self.token_times[0] - self.arrival_time if self.token_times else None
+
+    @property
+    def tbts(self) -> list[float]:
+        """Every time-between-tokens gap."""
+        t = self.token_times
+        return [b - a for a, b in itertools.pairwise(t)]
+
+    @property
+    def scheduling_delay(self) -> float | None:
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
+
+    @property
+    def e2e_latency(self) -> float | None:
+        return None if self.finished_time is None else self.finished_time - self.arrival_time
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """A request's state after a step: what is new, everything so far, and whether it finished."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    new_token_ids: list[int]
+    new_text: str
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    metrics: RequestMetrics | None = None
+
+
+@dataclass(frozen=True)
+class IterationStats:
+    """One engine iteration: what ran and how long it took."""
+
+    iteration: int
+    start_time: float
+    wall_time: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_seqs: int
+    num_preempted: int
+    num_running: int
+    num_waiting: int
+    num_used_blocks: int
+    seq_ids: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens

@@ -1,0 +1,94 @@
+"""Tokenizer, chat template and incremental detokenization (Hugging Face tokenizers underneath)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+# Context tokens from the prompt so the first output tokens decode with the right leading space.
+_DETOKENIZE_CONTEXT = 5
+
+
+class Tokenizer:
+    """Encodes prompts, applies the model's chat template and decodes token ids.
+
+    Loads ``tokenizer.json`` / ``tokenizer_config.json`` from a local folder; never touches a hub.
+    """
+
+    def __init__(self, folder: str) -> None:
+        if not os.path.isfile(os.path.join(folder, "tokenizer.json")) and not os.path.isfile(
+            os.path.join(folder, "tokenizer.model")
+        ):
+            raise FileNotFoundError(f"no tokenizer.json in model folder {folder}")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformers import AutoTokenizer
+
+        self._tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        self.folder = folder
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._tok.eos_token_id
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tok)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a plain-text prompt (with the tokenizer's own BOS handling)."""
+        return list(self._tok.encode(text))
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of a conversation rendered with the model's chat template."""
+        if not self._tok.chat_template:
+            raise ValueError(f"the tokenizer in {self.folder} has no chat template")
+        _check_messages(messages)
+        text = self._tok.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+        # The template already writes any BOS token, so do not add special tokens again.
+        return list(self._tok.encode(text, add_special_tokens=False))
+
+
+def _check_messages(messages: list[dict]) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {m!r}")
+
+
+@dataclass
+class IncrementalDetokenizer:
+    """Turns a growing list of output token ids into text deltas.
+
+    Decodes a small window of recent tokens each step instead of the whole output, and holds back text
+    while the window ends in an incomplete UTF-8 character (decoded as U+FFFD).
+    """
+
+    tokenizer: Tokenizer
+    prompt_tail: list[int]
+    ids: list[int] = field(default_factory=list)
+    text: str = ""
+    _prefix: int = 0
+    _read: int = 0
+
+    def __post_init__(self) -> None:
+        self.ids = list(self.prompt_tail[-_DETOKENIZE_CONTEXT:])
+        self._prefix = 0
+        self._read = len(self.ids)
+
+    def add(self, token_ids: list[int]) -> str:
+        """Append tokens and return the newly completed text (possibly empty)."""
+        self.ids.extend(token_ids)
+        prefix_text = self.tokenizer.decode(self.ids[self._prefix : self._read])
+        full_text = self.tokenizer.decode(self.ids[self._prefix :])
+        if full_text.endswith("\ufffd") or len(full_text) <= len(prefix_text):
+            return ""
+        delta = full_text[len(prefix_text) :]
+        self._prefix, self._read = self._read, len(self.ids)
+        self.text += delta
+        return delta
