@@ -1,0 +1,256 @@
+"""Test harness: build schedulers, drive them with a fake model and check their invariants."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sarathi.config import SchedulerConfig
+from sarathi.core.batch import Batch
+from sarathi.core.block_manager import BlockManager
+from sarathi.core.schedulers import Scheduler, make_scheduler
+from sarathi.core.sequence import Sequence, SequenceStatus
+from sarathi.sampling_params import SamplingParams
+
+FAKE_TOKEN = 7  # what the fake model samples; also the EOS id, so ignore_eos matters
+
+
+def make_seq(
+    seq_id: str,
+    prompt_len: int,
+    max_tokens: int,
+    arrival: float = 0.0,
+    max_model_len: int = 1024,
+    ignore_eos: bool = True,
+) -> Sequence:
+    return Sequence(
+        seq_id=seq_id,
+        prompt_token_ids=[100 + i for i in range(prompt_len)],
+        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos),
+        arrival_time=arrival,
+        max_model_len=max_model_len,
+        eos_token_id=FAKE_TOKEN,
+    )
+
+
+def build(
+    name: str,
+    *,
+    num_blocks: int = 1024,
+    block_size: int = 16,
+    watermark: float = 0.0,
+    max_model_len: int = 1024,
+    **config: object,
+) -> Scheduler:
+    bm = BlockManager(num_blocks, block_size, watermark)
+    return make_scheduler(SchedulerConfig(name=name, **config), bm, max_model_len)
+
+
+def step(sched: Scheduler, now: float = 0.0) -> tuple[Batch, list[Sequence]]:
+    """One iteration with the fake model: schedule, 'run' and account."""
+    batch = sched.schedule(now)
+    finished = sched.finish_step(batch, {e.seq.seq_id: FAKE_TOKEN for e in batch if e.samples}, now)
+    return batch, finished
+
+
+def prefill_chunks(batch: Batch) -> list[tuple[str, int]]:
+    return [(e.seq.seq_id, e.num_tokens) for e in batch if e.is_prefill]
+
+
+def decode_ids(batch: Batch) -> set[str]:
+    return {e.seq.seq_id for e in batch if not e.is_prefill}
+
+
+def check_blocks(sched: Scheduler) -> None:
+    """The block manager and the queues agree, and every block is either free or owned exactly once."""
+    bm = sched.block_manager
+    tables = {sid: bm.block_table(sid) for sid in bm.seq_ids}
+    owned = [b for t in tables.values() for b in t]
+    free = bm.free_block_ids
+    assert len(owned) == len(set(owned)), "a block is owned twice"
+    assert len(free) == len(set(free)), "a block is free twice"
+    assert not set(owned) & set(free), "a block is both owned and free"
+    assert sorted(owned + free) == list(range(bm.num_blocks))
+    assert bm.num_used_blocks == len(owned) and bm.num_free_blocks == len(free)
+    assert set(tables) == {s.seq_id for s in sched.running}, "only running sequences own blocks"
+    for seq in sched.running:
+        assert bm.num_slots(seq.seq_id) >= seq.num_computed_tokens
+        assert not seq.is_finished
+    for seq in sched.waiting:
+        assert seq.status in (SequenceStatus.WAITING, SequenceStatus.PREEMPTED)
+        assert seq.num_computed_tokens == 0
+    # Waiting: preempted sequences first, then new ones; each group in arrival order.
+    order = [(s.status is not SequenceStatus.PREEMPTED, s.arrival_time) for s in sched.waiting]
+    assert order == sorted(order), "waiting queue out of order"
+    arrivals = [s.arrival_time for s in sched.running]
+    assert arrivals == sorted(arrivals), "running is not in arrival order"
+
+
+@dataclass
+class Request:
+    prompt_len: int
+    max_tokens: int
+    arrival_step: int
+
+
+@dataclass
+class Abort:
+    step: int
+    request: int
+    mid_step: bool  # after schedule(), before finish_step(): the batch still holds it
+
+
+@dataclass
+class RunResult:
+    sched: Scheduler
+    seqs: dict[int, Sequence] = field(default_factory=dict)
+    rejected: set[int] = field(default_factory=set)
+    aborted: set[int] = field(default_factory=set)
+    batches: list[Batch] = field(default_factory=list)
+    num_preemptions: int = 0
+
+
+class PolicyChecker:
+    """Checks one batch against the rules of the scheduler that made it."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+        self.last_was_prefill = False
+        self.recompute_target: dict[str, int] = {}  # preempted seq -> tokens its recompute must cover
+
+    def check(
+        self, batch: Batch, running_before: list[str], decoding_before: list[str], had_work: bool
+    ) -> None:
+        """``running_before`` / ``decoding_before``: ids running / decoding when ``batch`` was scheduled."""
+        sched, cfg = self.sched, self.sched.config
+        ids = batch.seq_ids
+        assert len(ids) == len(set(ids)), "a sequence appears twice in one batch"
+        assert not had_work or not batch.is_empty, "work left but nothing scheduled (deadlock)"
+        cap = cfg.max_num_seqs
+        if cfg.name in ("sarathi", "simple_chunking"):
+            cap = min(cap, cfg.token_budget)  # so that all running decodes fit one iteration
+        assert len(sched.running) <= cap
+        preempted = {s.seq_id for s in batch.preempted}
+        for entry in batch:
+            seq = entry.seq
+            assert not seq.is_finished and seq in sched.running
+            assert seq.status is SequenceStatus.RUNNING
+            assert sched.block_manager.num_slots(seq.seq_id) >= entry.end, "tokens scheduled without KV room"
+            assert entry.samples == (entry.end == seq.num_tokens)
+            if not entry.is_prefill:
+                assert entry.num_tokens == 1
+        for seq in batch.preempted:
+            assert seq.num_computed_tokens == 0 and seq.seq_id not in ids
+            assert seq.status is SequenceStatus.PREEMPTED and seq in sched.waiting
+            self.recompute_target[seq.seq_id] = seq.num_tokens
+            assert seq.num_tokens == seq.num_prompt_tokens + seq.num_output_tokens
+        for entry in batch:
+            target = self.recompute_target.get(entry.seq.seq_id)
+            if target is not None:
+                assert entry.is_prefill and entry.end <= target
+                if entry.start == 0:
+                    assert entry.seq.num_computed_tokens == 0
+                if entry.samples:
+                    assert entry.end == target, "recompute must cover prompt + outputs"
+                    del self.recompute_target[entry.seq.seq_id]
+
+        prefills = [e for e in batch if e.is_prefill]
+        decodes = {e.seq.seq_id for e in batch if not e.is_prefill}
+        all_decodes_in = all(s in decodes or s in preempted for s in decoding_before)
+        whole = all(e.start == 0 and e.samples for e in prefills)
+        if cfg.name in ("sarathi", "simple_chunking"):
+            assert batch.num_tokens <= cfg.token_budget
+            if cfg.chunk_schedule is not None:
+                assert all(e.num_tokens <= cfg.chunk_schedule.chunk_size(e.start) for e in prefills)
+        if cfg.name == "sarathi":
+            assert all_decodes_in, "sarathi left out a running decode"
+        elif cfg.name == "vllm":
+            assert whole and (not prefills or not decodes)
+            if not prefills:
+                assert all_decodes_in
+        elif cfg.name == "orca":
+            assert whole and all_decodes_in and not batch.preempted
+            assert not prefills or batch.num_tokens <= sched.max_num_batched_tokens
+        elif cfg.name == "faster_transformer":
+            assert whole and not batch.preempted and (not prefills or not decodes)
+            if prefills:
+                assert not running_before, "faster_transformer admitted while a batch was still running"
+            else:
+                assert set(running_before) == decodes
+        elif cfg.name == "simple_chunking":
+            assert not (prefills and decodes), "simple_chunking mixed prefills and decodes"
+            if self.last_was_prefill and decoding_before and not all(s in preempted for s in decoding_before):
+                assert not prefills, "simple_chunking ran two prefill iterations while sequences decode"
+            if not prefills:
+                assert all_decodes_in
+            self.last_was_prefill = bool(prefills)
+
+
+def run_workload(
+    sched: Scheduler, requests: list[Request], aborts: list[Abort], max_steps: int = 20_000
+) -> RunResult:
+    """Drive ``sched`` to completion with the fake model, checking every invariant at every step."""
+    result = RunResult(sched)
+    checker = PolicyChecker(sched)
+    max_model_len = sched.max_model_len
+    pending = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_step, i))
+    outputs_seen: dict[str, int] = {}
+    step_no = 0
+    while pending or sched.has_unfinished():
+        assert step_no < max_steps, "no progress: the scheduler livelocked"
+        now = float(step_no)
+        while pending and requests[pending[0]].arrival_step <= step_no:
+            i = pending.pop(0)
+            r = requests[i]
+            seq = make_seq(f"r{i}", r.prompt_len, r.max_tokens, arrival=now, max_model_len=max_model_len)
+            should_reject = not sched.chunked_prefills and seq.max_num_tokens > sched.max_num_batched_tokens
+            try:
+                sched.add_sequence(seq)
+            except ValueError:
+                assert should_reject
+                result.rejected.add(i)
+                continue
+            assert not should_reject
+            result.seqs[i] = seq
+
+        def do_aborts(mid: bool, now: float = now, step_no: int = step_no) -> None:
+            for a in aborts:
+                seq = result.seqs.get(a.request)
+                if a.step == step_no and a.mid_step == mid and seq is not None and not seq.is_finished:
+                    assert sched.abort_sequence(seq.seq_id, now) is seq
+                    assert seq.status is SequenceStatus.FINISHED_ABORTED
+                    result.aborted.add(a.request)
+
+        do_aborts(mid=False)
+        check_blocks(sched)
+        running_before = [s.seq_id for s in sched.running]
+        decoding_before = [s.seq_id for s in sched.running if not s.is_prefill]
+        had_work = sched.has_unfinished()
+        batch = sched.schedule(now)
+        checker.check(batch, running_before, decoding_before, had_work)
+        check_blocks(sched)
+        result.num_preemptions += len(batch.preempted)
+        result.batches.append(batch)
+        do_aborts(mid=True)
+        tokens = {e.seq.seq_id: FAKE_TOKEN for e in batch if e.samples}
+        finished = sched.finish_step(batch, tokens, now)
+        for seq in finished:
+            assert seq.is_finished and seq not in sched.running
+            assert not sched.block_manager.has_blocks(seq.seq_id)
+        for seq in result.seqs.values():
+            assert seq.num_output_tokens >= outputs_seen.get(seq.seq_id, 0), "outputs were lost"
+            outputs_seen[seq.seq_id] = seq.num_output_tokens
+        check_blocks(sched)
+        step_no += 1
+
+    bm = sched.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and not bm.seq_ids, "blocks leaked"
+    for i, seq in result.seqs.items():
+        if i in result.aborted:
+            assert seq.status is SequenceStatus.FINISHED_ABORTED
+            continue
+        r = requests[i]
+        expected = min(r.max_tokens, max(max_model_len - r.prompt_len, 1))
+        assert seq.status is SequenceStatus.FINISHED_LENGTH
+        assert seq.num_output_tokens == expected
+        assert seq.output_token_ids == [FAKE_TOKEN] * expected
+    return result
