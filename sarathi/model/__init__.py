@@ -1,0 +1,29 @@
+"""Model half of sarathi: Llama-family models over a paged KV cache, loaders, and the embedded SmolLM2."""
+
+from sarathi.model.attention import (
+    AttentionMetadata,
+    DecodeAttention,
+    PrefillAttention,
+    SeqSlice,
+    build_attention_metadata,
+)
+from sarathi.model.config import ModelArchConfig, RopeScaling
+from sarathi.model.embedded import embedded_model_path
+from sarathi.model.kv_cache import allocate_kv_cache, kv_cache_bytes_per_block
+from sarathi.model.llama import LlamaForCausalLM
+from sarathi.model.loader import load_model
+
+__all__ = [
+    "AttentionMetadata",
+    "DecodeAttention",
+    "LlamaForCausalLM",
+    "ModelArchConfig",
+    "PrefillAttention",
+    "RopeScaling",
+    "SeqSlice",
+    "allocate_kv_cache",
+    "build_attention_metadata",
+    "embedded_model_path",
+    "kv_cache_bytes_per_block",
+    "load_model",
+]

@@ -1,0 +1,130 @@
+"""Reading llama.cpp GGUF files: metadata -> HF config dict, tensors -> dequantized HF-named tensors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+
+from sarathi.model.config import ModelArchConfig
+from sarathi.model.safetensors_folder import MissingTensorError
+
+_SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+_GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_LAYER_TENSORS = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """HF checkpoint name for a llama.cpp tensor name (e.g. blk.3.attn_q.weight); None if it has none."""
+    m = _LAYER_NAME.fullmatch(gguf_name)
+    if m:
+        layer, kind, suffix = m.groups()
+        hf = _LAYER_TENSORS.get(kind)
+        return f"model.layers.{layer}.{hf}.{suffix}" if hf else None
+    base, _, suffix = gguf_name.rpartition(".")
+    hf = _GLOBAL_TENSORS.get(base)
+    return f"{hf}.{suffix}" if hf and suffix in ("weight", "bias") else None
+
+
+def unpermute_rotary_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's reordering of q/k projection rows (weight [rows, cols] or bias [rows]).
+
+    Within each head of `head_dim` rows, HF keeps the two rotary halves as blocks: row half * head_dim/2 + i.
+    llama.cpp's converter interleaves them into pairs: row 2 * i + half. Reading the GGUF rows as
+    (head, i, half) and swapping the last two axes restores (head, half, i).
+    """
+    half_dim = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, half_dim, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
+    field = reader.get_field(key)
+    return default if field is None else field.contents()
+
+
+def _float32_value(x: float) -> float:
+    """GGUF stores float32: 1e-5 reads back as 9.99999974e-06; recover the shortest decimal it came from."""
+    return float(str(np.float32(x)))
+
+
+class GGUFCheckpoint:
+    """A GGUF file viewed as an HF checkpoint: `hf_config` dict and `get(hf_name)` dequantized to float32."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {self.path}")
+        self.reader = gguf.GGUFReader(str(self.path))
+        self.architecture = _field(self.reader, "general.architecture")
+        if self.architecture not in _SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"unsupported GGUF architecture {self.architecture!r} in {self.path} "
+                             f"(supported: {', '.join(_SUPPORTED_ARCHITECTURES)})")
+        self._tensors = {t.name: t for t in self.reader.tensors}
+        if "rope_freqs.weight" in self._tensors:
+            raise ValueError(f"{self.path}: GGUF rope_freqs (per-frequency rope scaling) is not supported")
+        self._by_hf_name = {hf: t for name, t in self._tensors.items() if (hf := hf_tensor_name(name))}
+        self.hf_config = self._hf_config()
+
+    def _hf_config(self) -> dict[str, Any]:
+        arch, r = self.architecture, self.reader
+        heads = int(_field(r, f"{arch}.attention.head_count"))
+        hidden = int(_field(r, f"{arch}.embedding_length"))
+        vocab = _field(r, f"{arch}.vocab_size") or len(r.get_field("tokenizer.ggml.tokens").data)
+        d: dict[str, Any] = {
+            "model_type": arch,
+            "vocab_size": int(vocab),
+            "hidden_size": hidden,
+            "intermediate_size": int(_field(r, f"{arch}.feed_forward_length")),
+            "num_hidden_layers": int(_field(r, f"{arch}.block_count")),
+            "num_attention_heads": heads,
+            "num_key_value_heads": int(_field(r, f"{arch}.attention.head_count_kv", heads)),
+            "head_dim": int(_field(r, f"{arch}.attention.key_length", hidden // heads)),
+            "rms_norm_eps": _float32_value(_field(r, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+            "rope_theta": _float32_value(_field(r, f"{arch}.rope.freq_base", 10000.0)),
+            "max_position_embeddings": int(_field(r, f"{arch}.context_length", 2048)),
+            "tie_word_embeddings": "output.weight" not in self._tensors,
+            "bos_token_id": _field(r, "tokenizer.ggml.bos_token_id"),
+            "eos_token_id": _field(r, "tokenizer.ggml.eos_token_id"),
+        }
+        scaling = _field(r, f"{arch}.rope.scaling.type")
+        if scaling and scaling != "none":
+            d["rope_scaling"] = {"rope_type": scaling, "factor": _field(r, f"{arch}.rope.scaling.factor")}
+        return d
+
+    @property
+    def arch(self) -> ModelArchConfig:
+        """The architecture described by the file's metadata."""
+        return ModelArchConfig.from_hf_config(self.hf_config)
+
+    def names(self) -> list[str]:
+        """HF names of all mapped tensors."""
+        return list(self._by_hf_name)
+
+    def get(self, hf_name: str) -> torch.Tensor:
+        """Dequantized float32 tensor in HF layout (q/k rows un-permuted for llama)."""
+        t = self._by_hf_name.get(hf_name)
+        if t is None:
+            raise MissingTensorError(f"tensor {hf_name!r} not found in {self.path}")
+        values = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32, copy=True)
+        tensor = torch.from_numpy(values).reshape([int(n) for n in reversed(t.shape)])
+        if self.architecture == "llama":
+            if ".self_attn.q_proj." in hf_name:
+                tensor = unpermute_rotary_rows(tensor, self.hf_config["num_attention_heads"])
+            elif ".self_attn.k_proj." in hf_name:
+                tensor = unpermute_rotary_rows(tensor, self.hf_config["num_key_value_heads"])
+        return tensor

@@ -1,0 +1,173 @@
+"""Attention over a paged KV cache, for a flattened batch of prefill chunks and decodes.
+
+Cache layout per layer: k and v are [num_kv_heads, num_blocks, block_size, head_dim]. Viewed as rows of
+[num_kv_heads * num_blocks, block_size * head_dim], one row is one (kv head, block): reading a sequence's
+context is a single `index_select` of whole blocks, and its result is already laid out as
+[sequences * kv_heads, keys, head_dim], the batch-of-matrices shape that grouped matmuls want.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from sarathi.model.attention import AttentionMetadata, PrefillAttention
+
+
+class GatherWorkspace:
+    """Reusable destination buffers for K/V rows gathered from the cache.
+
+    A fresh 10-100 MB tensor per layer and call is served by mmap and pays page faults on first touch:
+    measured ~6x slower gathers and a 2.5x slower whole step (SmolLM2 fp32, 32 decodes of 512 tokens).
+    """
+
+    def __init__(self) -> None:
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+
+    def get(self, numel: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two flat buffers of at least `numel` elements with the dtype and device of `like`."""
+        k = self._k
+        if k is None or k.numel() < numel or k.dtype != like.dtype or k.device != like.device:
+            self._k = like.new_empty(numel)
+            self._v = like.new_empty(numel)
+        return self._k[:numel], self._v[:numel]
+
+
+@dataclass(frozen=True)
+class CacheReadPlan:
+    """Per-forward row indices into the cache viewed as [kv_heads * num_blocks, block_size * head_dim]."""
+
+    decode_rows: torch.Tensor | None  # LongTensor[B * kv_heads * max_blocks], ordered (seq, head, block)
+    decode_bias: torch.Tensor | None  # float32[B * kv_heads, 1, max_blocks * block_size]
+    prefill_rows: tuple[torch.Tensor | None, ...]  # per prefill chunk, ordered (head, block); None if start 0
+    k_buffer: torch.Tensor  # flat, large enough for the biggest gather of this batch
+    v_buffer: torch.Tensor
+
+
+def plan_cache_reads(meta: AttentionMetadata, k_cache: torch.Tensor, workspace: GatherWorkspace
+                     ) -> CacheReadPlan:
+    """Compute, once per forward, which cache rows each attention group reads (shared by all layers)."""
+    kv_heads, num_blocks, block_size, head_dim = k_cache.shape
+    head_offsets = torch.arange(kv_heads, device=meta.positions.device) * num_blocks
+    decode_rows = decode_bias = None
+    if meta.decode is not None:
+        tables = meta.decode.block_tables
+        decode_rows = (tables[:, None, :] + head_offsets[None, :, None]).reshape(-1)
+        decode_bias = meta.decode.attn_bias.repeat_interleave(kv_heads, dim=0)
+    prefill_rows = tuple(
+        None if p.mask is None else (p.block_table[None, :] + head_offsets[:, None]).reshape(-1)
+        for p in meta.prefills
+    )
+    most_rows = max([r.numel() for r in (decode_rows, *prefill_rows) if r is not None], default=0)
+    k_buffer, v_buffer = workspace.get(most_rows * block_size * head_dim, k_cache)
+    return CacheReadPlan(decode_rows, decode_bias, prefill_rows, k_buffer, v_buffer)
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store the new tokens' k, v ([T, kv_heads, head_dim]) at their slots."""
+    kv_heads, _, _, head_dim = k_cache.shape
+    k_cache.view(kv_heads, -1, head_dim).index_copy_(1, slot_mapping, k.transpose(0, 1))
+    v_cache.view(kv_heads, -1, head_dim).index_copy_(1, slot_mapping, v.transpose(0, 1))
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    plan: CacheReadPlan,
+    scale: float,
+) -> torch.Tensor:
+    """Write k, v into the cache, then attend q [T, heads, head_dim]; returns [T, heads * head_dim]."""
+    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    dec = meta.decode
+    if not meta.prefills:  # all rows are decodes, already in order
+        return decode_attention(q, k_cache, v_cache, plan, scale)
+    chunks = [
+        _chunk_attention(q, k, v, k_cache, v_cache, p, rows, plan, scale)
+        for p, rows in zip(meta.prefills, plan.prefill_rows, strict=True)
+    ]
+    if dec is None and len(chunks) == 1:  # one chunk is the whole batch
+        return chunks[0]
+    num_tokens, heads, head_dim = q.shape
+    out = q.new_empty(num_tokens, heads * head_dim)
+    for p, chunk_out in zip(meta.prefills, chunks, strict=True):
+        out[p.token_start : p.token_end] = chunk_out
+    if dec is not None:
+        decoded = decode_attention(q.index_select(0, dec.token_indices), k_cache, v_cache, plan, scale)
+        out.index_copy_(0, dec.token_indices, decoded)
+    return out
+
+
+def _chunk_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    p: PrefillAttention,
+    rows: torch.Tensor | None,
+    plan: CacheReadPlan,
+    scale: float,
+) -> torch.Tensor:
+    """A prefill chunk over its keys: its own new k, v when it starts at 0, else its blocks in the cache."""
+    rows_of_chunk = slice(p.token_start, p.token_end)
+    if rows is None:
+        keys, values = k[rows_of_chunk].transpose(0, 1), v[rows_of_chunk].transpose(0, 1)
+    else:
+        kv_heads = k_cache.shape[0]
+        keys = _read_rows(k_cache, rows, kv_heads, plan.k_buffer)[:, : p.context_len]
+        values = _read_rows(v_cache, rows, kv_heads, plan.v_buffer)[:, : p.context_len]
+    return prefill_attention(q[rows_of_chunk], keys, values, p.mask, scale)
+
+
+def prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """One chunk: q [n, heads, d] over k, v [kv_heads, keys, d]; mask None means causal with keys == n.
+
+    SDPA with enable_gqa (no K/V expansion) measured at least as fast as grouped matmuls for chunks of
+    16-256 tokens in fp32 and bf16 on the target CPU, and accumulates in fp32.
+    """
+    n, heads, d = q.shape
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k[None], v[None],
+        attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True,
+    )
+    return out[0].transpose(0, 1).reshape(n, heads * d)
+
+
+def decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: CacheReadPlan, scale: float
+) -> torch.Tensor:
+    """B one-token queries [B, heads, d] over their padded contexts, as two grouped batched matmuls.
+
+    Each query head group (the heads sharing one kv head) is a [rep, d] matrix, so no K/V expansion is
+    needed; softmax is in float32. On the target CPU this is ~4x faster than SDPA in bf16 and on par in fp32.
+    """
+    batch, heads, d = q.shape
+    kv_heads = k_cache.shape[0]
+    keys = _read_rows(k_cache, plan.decode_rows, batch * kv_heads, plan.k_buffer)  # [B * kv_heads, L, d]
+    values = _read_rows(v_cache, plan.decode_rows, batch * kv_heads, plan.v_buffer)
+    grouped_q = q.reshape(batch * kv_heads, heads // kv_heads, d)
+    scores = torch.bmm(grouped_q, keys.transpose(1, 2))
+    probs = torch.softmax(torch.add(plan.decode_bias, scores.float(), alpha=scale), dim=-1)
+    out = torch.bmm(probs.to(q.dtype), values)
+    return out.view(batch, heads * d)
+
+
+def _read_rows(cache: torch.Tensor, rows: torch.Tensor, groups: int, buffer: torch.Tensor) -> torch.Tensor:
+    """Gather whole (kv head, block) rows of the cache into `buffer`.
+
+    Returns a [groups, rows / groups * block_size, d] view of the buffer.
+    """
+    kv_heads, num_blocks, block_size, d = cache.shape
+    out = buffer[: rows.numel() * block_size * d].view(rows.numel(), block_size * d)
+    torch.index_select(cache.view(kv_heads * num_blocks, block_size * d), 0, rows, out=out)
+    return out.view(groups, -1, d)

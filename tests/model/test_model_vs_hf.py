@@ -1,0 +1,166 @@
+"""Our paged, flattened-batch model against Hugging Face transformers run on the same weights.
+
+Each case is a model folder loaded both by transformers (float32, eager attention) and by our loader. The
+reference for every position is one full HF forward over the sequence (causal, so logits at position p
+depend only on tokens <= p), compared against our full prefill, chunked prefills, greedy decode steps, and
+mixed batches.
+
+Tolerances (measured: worst over all prefill/chunk/decode checks of a case, on this CPU):
+- float32, random configs: max |ours - ref| <= 1e-4 (measured <= 3.1e-5; logits std 4-10, max |76|).
+- float32, SmolLM2: <= 3e-4. Its logits reach |40| after 30 layers, and the summation order differs from HF
+  (oneDNN packed GEMMs, fused q/k/v and gate/up, SDPA): measured 1.1e-4 to 1.4e-4 (3e-6 of the range).
+- bfloat16 vs HF float32 (the fairer reference: HF's own bf16 is further from it than we are):
+  ||ours - ref|| / ||ref|| <= 1e-2 for the random configs (measured <= 7.2e-3; HF bf16: 8.8e-3 to 1.05e-2).
+  SmolLM2 cannot reach 1e-2 with bf16 activations: HF's own bf16 model is at 2.2e-2. We keep the residual
+  stream in float32 and measure 1.0e-2 (decode) to 1.23e-2 (prefill), so we require <= 1.6e-2 and, in
+  `test_bf16_no_worse_than_hf_bf16`, no worse than HF's own bf16 model on the same prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from model_harness import (
+    SMALL_LLAMA,
+    SMALL_LLAMA3_SCALED,
+    SMALL_QWEN2,
+    PagedRunner,
+    hf_logits,
+    load_hf_reference,
+    make_random_hf_model,
+    max_abs_err,
+    rel_err,
+)
+
+from sarathi.model import embedded_model_path, load_model
+from sarathi.model.llama import LlamaForCausalLM
+
+RANDOM_CONFIGS = {"llama": SMALL_LLAMA, "llama3": SMALL_LLAMA3_SCALED, "qwen2": SMALL_QWEN2}
+FP32_MAX_ABS = {"llama": 1e-4, "llama3": 1e-4, "qwen2": 1e-4, "smollm2": 3e-4}
+BF16_REL = {"llama": 1e-2, "llama3": 1e-2, "qwen2": 1e-2, "smollm2": 1.6e-2}
+PROMPT_LEN = 100
+EIFFEL = (
+    "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named "
+    "after the engineer Gustave Eiffel, whose company designed and built the tower from 1887 to 1889. "
+    "Locally nicknamed 'La dame de fer', it was constructed as the centerpiece of the 1889 World's Fair, "
+    "and to crown the centennial anniversary of the French Revolution. Although initially criticised by "
+    "some of France's leading artists"
+)
+DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
+
+
+@dataclass
+class Case:
+    """One model under test: its folder, a prompt, HF's reference model and logits over the prompt."""
+
+    name: str
+    folder: Path
+    model_type: str
+    prompt: list[int]
+    hf: torch.nn.Module
+    ref: torch.Tensor
+    ours: dict[torch.dtype, LlamaForCausalLM] = field(default_factory=dict)
+
+    def model(self, dtype: torch.dtype) -> LlamaForCausalLM:
+        """Our model for this dtype (loaded once)."""
+        if dtype not in self.ours:
+            self.ours[dtype] = load_model(str(self.folder), dtype=dtype)[0]
+        return self.ours[dtype]
+
+    def runner(self, dtype: torch.dtype, **kw) -> PagedRunner:
+        """A fresh paged cache driver around our model."""
+        model = self.model(dtype)
+        return PagedRunner(model, model.arch, **kw)
+
+    def reference(self, tokens: list[int]) -> torch.Tensor:
+        """HF float32 logits over `tokens` (the prompt's are cached)."""
+        return self.ref if tokens == self.prompt else hf_logits(self.hf, tokens)
+
+    def check(self, ours: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+        """Assert the tolerance of this case and dtype."""
+        if dtype == torch.float32:
+            err = max_abs_err(ours, ref)
+            assert err <= FP32_MAX_ABS[self.name], f"{self.name} fp32 max abs err {err:.3g}"
+        else:
+            err = rel_err(ours, ref)
+            assert err <= BF16_REL[self.name], f"{self.name} bf16 relative err {err:.3g}"
+
+
+@pytest.fixture(scope="module", params=["llama", "llama3", "qwen2", "smollm2"])
+def case(request, tmp_path_factory) -> Case:
+    name = request.param
+    if name == "smollm2":
+        folder = Path(embedded_model_path())
+        from transformers import AutoTokenizer
+
+        prompt = AutoTokenizer.from_pretrained(folder)(EIFFEL)["input_ids"][:PROMPT_LEN]
+        hf, model_type = load_hf_reference(folder, "llama"), "llama"
+    else:
+        config = RANDOM_CONFIGS[name]
+        folder = tmp_path_factory.mktemp(name)
+        make_random_hf_model(config, folder)
+        hf, model_type = load_hf_reference(folder, config["model_type"]), config["model_type"]
+        prompt = torch.randint(0, config["vocab_size"], (PROMPT_LEN,),
+                               generator=torch.Generator().manual_seed(1)).tolist()
+    assert len(prompt) == PROMPT_LEN
+    return Case(name, folder, model_type, prompt, hf, hf_logits(hf, prompt))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_full_prefill_matches_hf(case: Case, dtype: torch.dtype) -> None:
+    logits = case.runner(dtype).prefill("a", case.prompt, chunk=len(case.prompt))
+    case.check(logits, case.ref, dtype)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 16, 64])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_chunked_prefill_matches_hf(case: Case, dtype: torch.dtype, chunk: int) -> None:
+    logits = case.runner(dtype).prefill("a", case.prompt, chunk=chunk)
+    assert logits.shape == case.ref.shape
+    case.check(logits, case.ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_greedy_decode_matches_hf(case: Case, dtype: torch.dtype) -> None:
+    runner = case.runner(dtype)
+    prefill = runner.prefill("a", case.prompt, chunk=32)
+    tokens, step_logits = runner.greedy_decode("a", case.prompt, prefill[-1], steps=16)
+    ref = case.reference(tokens)[len(case.prompt):]
+    case.check(step_logits, ref, dtype)
+
+
+def test_bf16_no_worse_than_hf_bf16(case: Case) -> None:
+    ours = rel_err(case.runner(torch.bfloat16).prefill("a", case.prompt, chunk=16), case.ref)
+    hf_bf16 = load_hf_reference(case.folder, case.model_type).to(torch.bfloat16)
+    theirs = rel_err(hf_logits(hf_bf16, case.prompt), case.ref)
+    assert ours <= theirs * 1.05, f"ours {ours:.3g} vs HF bf16 {theirs:.3g}"
+
+
+@pytest.mark.parametrize("block_size", [16, 5])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mixed_batch_matches_each_sequence_alone(case: Case, dtype: torch.dtype, block_size: int) -> None:
+    """Decodes and prefill chunks of sequences with different lengths share flattened batches."""
+    p = case.prompt
+    seqs = {"a": p[:40], "b": p[10:85], "c": p[20:70], "d": p[::3], "e": p[50:83]}
+    refs = {name: case.reference(tokens) for name, tokens in seqs.items()}
+    runner = case.runner(dtype, block_size=block_size, num_blocks=64, seed=3)
+    # History, run alone: a, b and e fully prefilled except their last token; c up to position 20.
+    for name, upto in (("a", 39), ("b", 74), ("e", 32), ("c", 20)):
+        runner.prefill(name, seqs[name][:upto], chunk=16)
+    # Step 1: decodes interleaved with a mid-prompt chunk (c) and a first chunk (d).
+    step1 = [("a", seqs["a"][39:40], 39), ("c", seqs["c"][20:33], 20), ("b", seqs["b"][74:75], 74),
+             ("d", seqs["d"][0:9], 0), ("e", seqs["e"][32:33], 32)]
+    # Step 2: only decodes (the all-decode fast path), with contexts 10 to 34 tokens long.
+    step2 = [("d", seqs["d"][9:10], 9), ("c", seqs["c"][33:34], 33), ("d2", seqs["d"][0:1], 0)]
+    refs["d2"] = refs["d"]
+    # Step 3: two prefill chunks and a decode.
+    step3 = [("c", seqs["c"][34:50], 34), ("d", seqs["d"][10:30], 10), ("d2", seqs["d"][1:2], 1)]
+    ours, expected = [], []
+    for step in (step1, step2, step3):
+        ours += runner.run(step)
+        expected += [refs[name][start : start + len(tokens)] for name, tokens, start in step]
+    # One check over all rows: a single row's bf16 relative error is too noisy a statistic on its own.
+    case.check(torch.cat(ours), torch.cat(expected), dtype)
