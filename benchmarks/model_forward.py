@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from record import save_result  # benchmarks/ is on sys.path when this file runs as a script
 
 from sarathi.model import (
     SeqSlice,
@@ -137,6 +138,7 @@ def main() -> None:
     reps = 3 if args.quick else 5
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, block_size {BLOCK_SIZE}, "
           f"decode context {CONTEXT}; ms per forward (median of {reps}), [worst foreign load]")
+    rows = []
     for dtype in (torch.float32, torch.bfloat16):
         model, arch, _ = load_model(None, dtype=dtype)
         hf = None
@@ -154,13 +156,18 @@ def main() -> None:
         ]
         for label, ours_fn, hf_fn, tokens in cases:
             ours_s, ours_load = timed(ours_fn, reps)
+            row = {"dtype": name, "case": label, "ours_ms": ours_s * 1e3, "ours_foreign_load": ours_load}
             line = (f"{name:8s} {label:14s} ours {ours_s * 1e3:8.1f} ms ({tokens / ours_s:7.0f} tok/s) "
                     f"[{ours_load:.0%}]")
             if hf_fn is not None:
                 hf_s, hf_load = timed(hf_fn, reps)
                 line += f"   HF eager {hf_s * 1e3:8.1f} ms [{hf_load:.0%}]   speedup {hf_s / ours_s:4.2f}x"
+                row |= {"hf_eager_ms": hf_s * 1e3, "hf_foreign_load": hf_load}
+            rows.append(row)
             print(line, flush=True)
         del model, hf
+    settings = {"reps": reps, "block_size": BLOCK_SIZE, "decode_context": CONTEXT}
+    print(f"saved {save_result('model_forward', rows, settings)}")
 
 
 if __name__ == "__main__":

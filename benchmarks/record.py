@@ -1,0 +1,62 @@
+"""Save benchmark numbers together with the machine and the commit they were measured on."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def machine_info() -> dict:
+    """CPU model, core count, memory, Python and torch versions."""
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    import torch
+
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_gib, 1),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def git_commit() -> str:
+    """The checked-out commit, with '-dirty' when the tree has uncommitted changes."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True).strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=root).returncode != 0
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("-dirty" if dirty else "")
+
+
+def save_result(name: str, rows: list[dict], settings: dict | None = None) -> Path:
+    """Write ``benchmarks/results/<name>-<date>-<commit>.json`` and return its path."""
+    commit = git_commit()
+    now = datetime.datetime.now(datetime.UTC)
+    record = {
+        "benchmark": name,
+        "date": now.isoformat(timespec="seconds"),
+        "commit": commit,
+        "machine": machine_info(),
+        "settings": settings or {},
+        "rows": rows,
+    }
+    RESULTS_DIR.mkdir(exist_ok=True)
+    path = RESULTS_DIR / f"{name}-{now:%Y%m%d-%H%M%S}-{commit}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path

@@ -1,0 +1,145 @@
+"""The engine and offline API on the embedded SmolLM2-135M: stopping, seeds, aborts, bad input, stats."""
+
+from __future__ import annotations
+
+import pytest
+
+from sarathi import LLM, LLMEngine, SamplingParams
+from sarathi.config import engine_config
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM(num_kv_blocks=128, max_model_len=512)
+
+
+def _drain(engine: LLMEngine) -> dict:
+    finished = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+    return finished
+
+
+def test_chat_answers_and_stops_at_eos(llm):
+    out = llm.chat(QUESTION, SamplingParams(temperature=0.0, max_tokens=64), use_tqdm=False)[0]
+    assert "Paris" in out.text
+    assert out.finish_reason == "stop" and out.stop_reason is None
+    assert out.token_ids[-1] == llm.engine.eos_token_id
+    m = out.metrics
+    assert m.ttft > 0 and len(m.tbts) == len(out.token_ids) - 1 and m.scheduling_delay >= 0
+
+
+def test_ignore_eos_and_max_tokens(llm):
+    out = llm.chat(QUESTION, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True), use_tqdm=False)[
+        0
+    ]
+    assert len(out.token_ids) == 40 and out.finish_reason == "length"
+
+
+def test_stop_string_truncates_text(llm):
+    story = [{"role": "user", "content": "Write a short poem of four lines about the sea."}]
+    full = llm.chat(story, SamplingParams(temperature=0.0, max_tokens=48), use_tqdm=False)[0]
+    assert "\n" in full.text.strip()
+    stopped = llm.chat(story, SamplingParams(temperature=0.0, max_tokens=48, stop=["\n"]), use_tqdm=False)[0]
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == "\n"
+    assert "\n" not in stopped.text and full.text.startswith(stopped.text)
+    kept = SamplingParams(temperature=0.0, max_tokens=48, stop=["\n"], include_stop_str_in_output=True)
+    assert llm.chat(story, kept, use_tqdm=False)[0].text == stopped.text + "\n"
+
+
+def test_stop_token_ids(llm):
+    full = llm.generate("The three primary colors are", GREEDY, use_tqdm=False)[0]
+    stop_at = full.token_ids[3]
+    params = SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[stop_at])
+    out = llm.generate("The three primary colors are", params, use_tqdm=False)[0]
+    first = full.token_ids.index(stop_at)
+    assert out.token_ids == full.token_ids[: first + 1]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_at
+
+
+def test_generation_stops_at_max_model_len():
+    small = LLM(num_kv_blocks=16, max_model_len=40)
+    prompt = list(range(100, 130))
+    out = small.generate(
+        [prompt], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True), use_tqdm=False
+    )
+    assert len(out[0].token_ids) == 10 and out[0].finish_reason == "length"
+
+
+def test_seeded_sampling_ignores_batch_company(llm):
+    seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=16, ignore_eos=True)
+    alone = llm.generate("Once upon a time", seeded, use_tqdm=False)[0].token_ids
+    others = SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True)
+    batch = llm.generate(
+        ["A long time ago in a galaxy", "Once upon a time", "def fibonacci(n):"],
+        [others, seeded, others],
+        use_tqdm=False,
+    )
+    assert batch[1].token_ids == alone
+    reseeded = SamplingParams(temperature=0.9, top_p=0.95, seed=8, max_tokens=16, ignore_eos=True)
+    assert llm.generate("Once upon a time", reseeded, use_tqdm=False)[0].token_ids != alone
+
+
+def test_abort_frees_blocks_and_spares_the_others(llm):
+    engine = llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    expected = llm.generate("Hello there, my name is", params, use_tqdm=False)[0].token_ids
+    engine.add_request("keep", "Hello there, my name is", params)
+    engine.add_request("drop", "Tell me a very long story about dragons", params)
+    for _ in range(3):
+        engine.step()
+    engine.abort_request("drop")
+    finished = _drain(engine)
+    assert set(finished) == {"keep"} and finished["keep"].token_ids == expected
+    assert engine.block_manager.num_used_blocks == 0
+
+
+def test_bad_requests_raise_and_leave_others_intact(llm):
+    engine = llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    expected = llm.generate("The weather today is", params, use_tqdm=False)[0].token_ids
+    engine.add_request("good", "The weather today is", params)
+    with pytest.raises(ValueError, match=r"max_model_len|maximum|longer"):
+        engine.add_request("too-long", list(range(1000, 1600)), params)
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request("good", "again", params)
+    with pytest.raises(ValueError, match=r"token ids must be integers in \[0, 49152\)"):
+        engine.add_request("bad-ids", [1, 2, 10**6], params)
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request("empty", [], params)
+    finished = _drain(engine)
+    assert set(finished) == {"good"} and finished["good"].token_ids == expected
+    assert engine.block_manager.num_used_blocks == 0
+
+
+def test_prompt_larger_than_the_kv_cache():
+    tiny = LLM(num_kv_blocks=4, max_model_len=512)
+    with pytest.raises(ValueError, match=r"prompt 1: .*cache"):
+        tiny.generate([[5] * 10, [5] * 100], SamplingParams(max_tokens=4), use_tqdm=False)
+    assert not tiny.engine.has_unfinished_requests()
+
+
+def test_config_errors_name_the_problem():
+    with pytest.raises(ValueError, match="sarathi, vllm, orca, faster_transformer, simple_chunking"):
+        engine_config(scheduler="fifo")
+    with pytest.raises(ValueError, match="dtype"):
+        engine_config(dtype="float16x")
+    with pytest.raises(ValueError, match="max_model_len 100000 exceeds"):
+        LLM(max_model_len=100_000, num_kv_blocks=8)
+
+
+def test_iteration_stats_account_for_every_token():
+    llm = LLM(num_kv_blocks=64, token_budget=32, max_model_len=512)
+    prompts = [list(range(200, 200 + n)) for n in (50, 9, 70)]
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    llm.generate(prompts, params, use_tqdm=False)
+    stats = list(llm.engine.stats)
+    assert sum(s.num_prefill_tokens for s in stats) == 50 + 9 + 70
+    assert sum(s.num_decode_tokens for s in stats) == 3 * 4
+    assert all(0 < s.num_tokens <= 32 and s.wall_time > 0 for s in stats)
+    assert [s.iteration for s in stats] == list(range(len(stats)))
