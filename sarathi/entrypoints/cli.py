@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.sampling_seed,
             stop=tuple(args.stop),
         )
-        llm = LLM.from_engine_config(config)
+        llm = LLM(config=config)
         if args.chat:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params)
         else:

@@ -8,7 +8,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from sarathi.config import engine_config
+from sarathi.config import EngineConfig, engine_config
 from sarathi.engine.llm_engine import LLMEngine
 from sarathi.outputs import RequestOutput
 from sarathi.sampling_params import SamplingParams
@@ -23,10 +23,14 @@ class LLM:
     ``model`` is a Hugging Face folder, a .gguf file, or None for the embedded SmolLM2-135M-Instruct.
     """
 
-    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, model: str | None = None, *, config: EngineConfig | None = None, **kwargs: Any
+    ) -> None:
         """Keyword arguments are those of ``sarathi.config.engine_config`` (scheduler, token_budget, dtype,
-        max_num_seqs, num_kv_blocks, ...)."""
-        self.engine = LLMEngine(engine_config(model, **kwargs))
+        max_num_seqs, num_kv_blocks, ...); or pass a ready ``config``."""
+        if config is not None and (model is not None or kwargs):
+            raise ValueError("pass either config or model/keyword settings, not both")
+        self.engine = LLMEngine(config or engine_config(model, **kwargs))
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Tokenizer:
