@@ -49,7 +49,7 @@ class Sequence:
     sampling_params: SamplingParams
     arrival_time: float
     max_model_len: int
-    eos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
@@ -118,7 +118,7 @@ class Sequence:
         self.token_times.append(now)
         self.prefill_done = True
         params = self.sampling_params
-        if not params.ignore_eos and token_id == self.eos_token_id:
+        if not params.ignore_eos and token_id in self.eos_token_ids:
             self.finish(SequenceStatus.FINISHED_STOPPED, now, stop_reason=None)
         elif token_id in params.stop_token_ids:
             self.finish(SequenceStatus.FINISHED_STOPPED, now, stop_reason=token_id)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import json
+import os
 import time
 
 import torch
@@ -46,9 +48,7 @@ class LLMEngine:
         self.scheduler = make_scheduler(config.scheduler, self.block_manager, self.max_model_len)
         self.runner = ModelRunner(self.model, self.kv_caches, self.block_manager, self.device)
         self.sampler = Sampler(mc.seed)
-        self.eos_token_id = self.arch.eos_token_id
-        if self.eos_token_id is None and self.tokenizer is not None:
-            self.eos_token_id = self.tokenizer.eos_token_id
+        self.eos_token_ids = self._eos_token_ids(tokenizer_dir)
         self.stats: collections.deque[IterationStats] = collections.deque(maxlen=_MAX_KEPT_STATS)
         self._seqs: dict[str, Sequence] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
@@ -63,6 +63,19 @@ class LLMEngine:
         if asked > limit:
             raise ValueError(f"max_model_len {asked} exceeds the model's max_position_embeddings {limit}")
         return asked
+
+    def _eos_token_ids(self, folder: str | None) -> tuple[int, ...]:
+        """EOS ids from config.json, generation_config.json (chat models often add end-of-turn ids there)
+        and the tokenizer; any of them ends a request unless ``ignore_eos``."""
+        ids = list(self.arch.eos_token_ids)
+        gen_path = os.path.join(folder, "generation_config.json") if folder else None
+        if gen_path and os.path.isfile(gen_path):
+            with open(gen_path) as f:
+                eos = json.load(f).get("eos_token_id")
+            ids += eos if isinstance(eos, list) else [] if eos is None else [eos]
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.append(self.tokenizer.eos_token_id)
+        return tuple(dict.fromkeys(int(i) for i in ids))
 
     def _resolve_num_blocks(self) -> int:
         cc = self.config.cache
@@ -98,7 +111,7 @@ class LLMEngine:
             sampling_params=params,
             arrival_time=time.monotonic() if arrival_time is None else arrival_time,
             max_model_len=self.max_model_len,
-            eos_token_id=self.eos_token_id,
+            eos_token_ids=self.eos_token_ids,
         )
         self.scheduler.add_sequence(seq)
         self._seqs[request_id] = seq

@@ -28,7 +28,7 @@ def make_seq(
         sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos),
         arrival_time=arrival,
         max_model_len=max_model_len,
-        eos_token_id=FAKE_TOKEN,
+        eos_token_ids=(FAKE_TOKEN,),
     )
 
 

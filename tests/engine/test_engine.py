@@ -29,7 +29,7 @@ def test_chat_answers_and_stops_at_eos(llm):
     out = llm.chat(QUESTION, SamplingParams(temperature=0.0, max_tokens=64), use_tqdm=False)[0]
     assert "Paris" in out.text
     assert out.finish_reason == "stop" and out.stop_reason is None
-    assert out.token_ids[-1] == llm.engine.eos_token_id
+    assert llm.engine.eos_token_ids == (2,) and out.token_ids[-1] == 2
     m = out.metrics
     assert m.ttft > 0 and len(m.tbts) == len(out.token_ids) - 1 and m.scheduling_delay >= 0
 
