@@ -86,6 +86,30 @@ def convert_gguf_to_hf_folder(gguf_path: str | Path, target: str | Path) -> None
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def gguf_tokenizer_dir(gguf_path: str | Path) -> str:
+    """A cached folder with the tokenizer (and chat template) embedded in any GGUF file.
+
+    Keyed by file name, size and modification time, so a replaced file gets a fresh conversion.
+    """
+    gguf_path = Path(gguf_path)
+    stat = gguf_path.stat()
+    target = cache_root() / "gguf-tokenizers" / f"{gguf_path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
+    if not (target / "tokenizer_config.json").is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        try:
+            _save_tokenizer(gguf_path, tmp)
+            try:
+                os.replace(tmp, target)
+            except OSError:
+                if not (target / "tokenizer_config.json").is_file():
+                    raise
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
+
+
 def _write_json(path: Path, data: dict) -> None:
     with path.open("w") as f:
         json.dump(data, f, indent=2)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from sarathi.model.config import ModelArchConfig
-from sarathi.model.embedded import embedded_model_path
+from sarathi.model.embedded import embedded_model_path, gguf_tokenizer_dir
 from sarathi.model.gguf_loader import GGUFCheckpoint
 from sarathi.model.llama import LlamaForCausalLM
 from sarathi.model.safetensors_folder import SafetensorsCheckpoint, has_tokenizer, read_config
@@ -46,7 +46,7 @@ def load_model(
         arch = ckpt.arch
         net = LlamaForCausalLM(arch, dtype)
         net.load_hf_weights(ckpt.get)
-        tokenizer_dir = None
+        tokenizer_dir = gguf_tokenizer_dir(path)
     else:
         if path is not None and not path.is_dir():
             raise FileNotFoundError(f"model folder not found: {path}")

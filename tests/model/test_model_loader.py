@@ -217,7 +217,10 @@ def test_embedded_model_knows_the_capital_of_france(smollm2) -> None:
 
 def test_gguf_file_loads_directly(smollm2) -> None:
     model, arch, tokenizer_dir = load_model(str(embedded_gguf_path()))
-    assert tokenizer_dir is None and arch == smollm2[1]
+    assert arch == smollm2[1]
+    # The GGUF's own tokenizer is converted into a cached folder, with the chat template.
+    tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    assert tok.chat_template and tok("Paris")["input_ids"] == [38634]
     tokens = list(range(100, 140))
     assert torch.equal(_prefill_logits(model, arch, tokens), _prefill_logits(*smollm2[:2], tokens))
 
