@@ -136,8 +136,10 @@ def main() -> None:
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
     args = parser.parse_args()
     reps = 3 if args.quick else 5
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, block_size {BLOCK_SIZE}, "
-          f"decode context {CONTEXT}; ms per forward (median of {reps}), [worst foreign load]")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, block_size {BLOCK_SIZE}, "
+        f"decode context {CONTEXT}; ms per forward (median of {reps}), [worst foreign load]"
+    )
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         model, arch, _ = load_model(None, dtype=dtype)
@@ -148,8 +150,10 @@ def main() -> None:
             hf = HFLlama.from_pretrained(embedded_model_path(), attn_implementation="eager", dtype=dtype)
             hf.eval()
         name = str(dtype).removeprefix("torch.")
-        cases = [(f"prefill T={t}", ours_prefill(model, arch, dtype, t), hf and hf_prefill(hf, arch, t), t)
-                 for t in PREFILL_TOKENS]
+        cases = [
+            (f"prefill T={t}", ours_prefill(model, arch, dtype, t), hf and hf_prefill(hf, arch, t), t)
+            for t in PREFILL_TOKENS
+        ]
         cases += [
             (f"decode B={b}", ours_decode(model, arch, dtype, b), hf and hf_decode(hf, arch, dtype, b), b)
             for b in DECODE_BATCHES
@@ -157,8 +161,10 @@ def main() -> None:
         for label, ours_fn, hf_fn, tokens in cases:
             ours_s, ours_load = timed(ours_fn, reps)
             row = {"dtype": name, "case": label, "ours_ms": ours_s * 1e3, "ours_foreign_load": ours_load}
-            line = (f"{name:8s} {label:14s} ours {ours_s * 1e3:8.1f} ms ({tokens / ours_s:7.0f} tok/s) "
-                    f"[{ours_load:.0%}]")
+            line = (
+                f"{name:8s} {label:14s} ours {ours_s * 1e3:8.1f} ms ({tokens / ours_s:7.0f} tok/s) "
+                f"[{ours_load:.0%}]"
+            )
             if hf_fn is not None:
                 hf_s, hf_load = timed(hf_fn, reps)
                 line += f"   HF eager {hf_s * 1e3:8.1f} ms [{hf_load:.0%}]   speedup {hf_s / ours_s:4.2f}x"

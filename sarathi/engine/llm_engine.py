@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from sarathi.config import EngineConfig
+from sarathi.config import DEFAULT_KV_CACHE_MEMORY_GIB, EngineConfig
 from sarathi.core.block_manager import BlockManager
 from sarathi.core.schedulers import make_scheduler
 from sarathi.core.sequence import Sequence, SequenceStatus
@@ -81,11 +81,7 @@ class LLMEngine:
         cc = self.config.cache
         if cc.num_kv_blocks is not None:
             return cc.num_kv_blocks
-        gib = cc.kv_cache_memory_gib
-        if gib is None:
-            from sarathi.config import DEFAULT_KV_CACHE_MEMORY_GIB
-
-            gib = DEFAULT_KV_CACHE_MEMORY_GIB
+        gib = DEFAULT_KV_CACHE_MEMORY_GIB if cc.kv_cache_memory_gib is None else cc.kv_cache_memory_gib
         per_block = kv_cache_bytes_per_block(self.arch, cc.block_size, self.dtype)
         num_blocks = int(gib * 2**30) // per_block
         if num_blocks < 1:

@@ -102,15 +102,29 @@ def build_attention_metadata(
 
     is_decode = lens == 1
     prefills = tuple(
-        _prefill(int(token_base[i]), int(starts[i]), int(lens[i]), flat_blocks, int(block_base[i]),
-                 int(blocks_needed[i]), device)
+        _prefill(
+            int(token_base[i]),
+            int(starts[i]),
+            int(lens[i]),
+            flat_blocks,
+            int(block_base[i]),
+            int(blocks_needed[i]),
+            device,
+        )
         for i in np.flatnonzero(~is_decode)
     )
     decode = None
     if is_decode.any():
         rows = np.flatnonzero(is_decode)
-        decode = _decode_group(token_base[rows], starts[rows] + 1, flat_blocks, block_base[rows],
-                               blocks_needed[rows], block_size, device)
+        decode = _decode_group(
+            token_base[rows],
+            starts[rows] + 1,
+            flat_blocks,
+            block_base[rows],
+            blocks_needed[rows],
+            block_size,
+            device,
+        )
     return AttentionMetadata(
         block_size=block_size,
         positions=_tensor(positions, device),

@@ -69,8 +69,10 @@ def convert_gguf_to_hf_folder(gguf_path: str | Path, target: str | Path) -> None
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         arch = ckpt.arch
         _write_json(tmp / "config.json", arch.to_hf_config())
-        _write_json(tmp / "generation_config.json",
-                    {"bos_token_id": arch.bos_token_id, "eos_token_id": arch.eos_token_id})
+        _write_json(
+            tmp / "generation_config.json",
+            {"bos_token_id": arch.bos_token_id, "eos_token_id": arch.eos_token_id},
+        )
         _save_tokenizer(gguf_path, tmp)
         if target.exists():
             if _is_complete(target):

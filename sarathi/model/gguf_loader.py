@@ -72,8 +72,10 @@ class GGUFCheckpoint:
         self.reader = gguf.GGUFReader(str(self.path))
         self.architecture = _field(self.reader, "general.architecture")
         if self.architecture not in _SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"unsupported GGUF architecture {self.architecture!r} in {self.path} "
-                             f"(supported: {', '.join(_SUPPORTED_ARCHITECTURES)})")
+            raise ValueError(
+                f"unsupported GGUF architecture {self.architecture!r} in {self.path} "
+                f"(supported: {', '.join(_SUPPORTED_ARCHITECTURES)})"
+            )
         self._tensors = {t.name: t for t in self.reader.tensors}
         if "rope_freqs.weight" in self._tensors:
             raise ValueError(f"{self.path}: GGUF rope_freqs (per-frequency rope scaling) is not supported")

@@ -26,14 +26,24 @@ def onednn_packing_available(dtype: torch.dtype, device: torch.device) -> bool:
 class Linear(nn.Module):
     """y = x W^T (+ b). Call `pack()` once the weight is loaded to switch to the oneDNN fast path."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight: nn.Parameter | None = nn.Parameter(
-            torch.empty(out_features, in_features, dtype=dtype, device=device), requires_grad=False)
-        self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), requires_grad=False)
-                     if bias else None)
+            torch.empty(out_features, in_features, dtype=dtype, device=device), requires_grad=False
+        )
+        self.bias = (
+            nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), requires_grad=False)
+            if bias
+            else None
+        )
         self._packed: torch.Tensor | None = None
 
     @property
@@ -57,5 +67,7 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, packed={self.is_packed}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, packed={self.is_packed}"
+        )

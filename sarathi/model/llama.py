@@ -41,15 +41,25 @@ class Attention(nn.Module):
     def __init__(self, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device | str) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
-            arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim)
+            arch.num_attention_heads,
+            arch.num_key_value_heads,
+            arch.head_dim,
+        )
         self.scale = self.head_dim**-0.5
         qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         self.qkv_proj = Linear(arch.hidden_size, qkv_out, arch.attention_bias, dtype, device)
         attn_width = self.num_heads * self.head_dim
         self.o_proj = Linear(attn_width, arch.hidden_size, arch.o_proj_bias, dtype, device)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata,
-                plan: CacheReadPlan, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        plan: CacheReadPlan,
+        kv: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
         h, kvh = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(x.shape[0], h + 2 * kvh, self.head_dim)
@@ -82,8 +92,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
         self.mlp = MLP(arch, dtype, device)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata,
-                plan: CacheReadPlan, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        plan: CacheReadPlan,
+        kv: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
         """h [T, hidden] float32 -> [T, hidden] float32."""
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, meta, plan, kv)
         return h + self.mlp(self.post_attention_layernorm(h))
@@ -92,8 +109,9 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Decoder stack + LM head. Parameters start uninitialized: load them with `load_hf_weights`."""
 
-    def __init__(self, arch: ModelArchConfig, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, arch: ModelArchConfig, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    ) -> None:
         super().__init__()
         self.arch, self.dtype = arch, dtype
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device)
@@ -133,8 +151,10 @@ class LlamaForCausalLM(nn.Module):
     def hf_weight_sources(self) -> dict[str, list[str]]:
         """For each parameter to load: the HF checkpoint tensors concatenated (dim 0) to form it."""
         arch = self.arch
-        sources: dict[str, list[str]] = {"embed_tokens.weight": ["model.embed_tokens.weight"],
-                                         "norm.weight": ["model.norm.weight"]}
+        sources: dict[str, list[str]] = {
+            "embed_tokens.weight": ["model.embed_tokens.weight"],
+            "norm.weight": ["model.norm.weight"],
+        }
         if not arch.tie_word_embeddings:
             sources["lm_head.weight"] = ["lm_head.weight"]
         for i in range(arch.num_hidden_layers):
@@ -147,8 +167,12 @@ class LlamaForCausalLM(nn.Module):
             }
             for name, parts in fused.items():
                 sources[f"{ours}{name}.weight"] = [f"{p}.weight" for p in parts]
-            biases = {"self_attn.qkv_proj": arch.attention_bias, "self_attn.o_proj": arch.o_proj_bias,
-                      "mlp.gate_up_proj": arch.mlp_bias, "mlp.down_proj": arch.mlp_bias}
+            biases = {
+                "self_attn.qkv_proj": arch.attention_bias,
+                "self_attn.o_proj": arch.o_proj_bias,
+                "mlp.gate_up_proj": arch.mlp_bias,
+                "mlp.down_proj": arch.mlp_bias,
+            }
             for name, has_bias in biases.items():
                 if has_bias:
                     sources[f"{ours}{name}.bias"] = [f"{p}.bias" for p in fused[name]]
@@ -164,8 +188,10 @@ class LlamaForCausalLM(nn.Module):
             param = params[name]
             tensor = torch.cat([fetch(p) for p in parts]) if len(parts) > 1 else fetch(parts[0])
             if tensor.shape != param.shape:
-                raise ValueError(f"tensor {' + '.join(parts)} has shape {tuple(tensor.shape)}, "
-                                 f"expected {tuple(param.shape)}")
+                raise ValueError(
+                    f"tensor {' + '.join(parts)} has shape {tuple(tensor.shape)}, "
+                    f"expected {tuple(param.shape)}"
+                )
             param.copy_(tensor)
 
     def pack_weights(self) -> None:

@@ -47,8 +47,9 @@ class CacheReadPlan:
     v_buffer: torch.Tensor
 
 
-def plan_cache_reads(meta: AttentionMetadata, k_cache: torch.Tensor, workspace: GatherWorkspace
-                     ) -> CacheReadPlan:
+def plan_cache_reads(
+    meta: AttentionMetadata, k_cache: torch.Tensor, workspace: GatherWorkspace
+) -> CacheReadPlan:
     """Compute, once per forward, which cache rows each attention group reads (shared by all layers)."""
     kv_heads, num_blocks, block_size, head_dim = k_cache.shape
     head_offsets = torch.arange(kv_heads, device=meta.positions.device) * num_blocks
@@ -66,8 +67,9 @@ def plan_cache_reads(meta: AttentionMetadata, k_cache: torch.Tensor, workspace: 
     return CacheReadPlan(decode_rows, decode_bias, prefill_rows, k_buffer, v_buffer)
 
 
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Store the new tokens' k, v ([T, kv_heads, head_dim]) at their slots."""
     kv_heads, _, _, head_dim = k_cache.shape
     k_cache.view(kv_heads, -1, head_dim).index_copy_(1, slot_mapping, k.transpose(0, 1))
@@ -137,8 +139,13 @@ def prefill_attention(
     """
     n, heads, d = q.shape
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], k[None], v[None],
-        attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True,
+        q.transpose(0, 1)[None],
+        k[None],
+        v[None],
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=scale,
+        enable_gqa=True,
     )
     return out[0].transpose(0, 1).reshape(n, heads * d)
 

@@ -54,7 +54,8 @@ class SafetensorsCheckpoint:
         files = sorted(self.folder.glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(
-                f"no *.safetensors files (and no {INDEX_FILE}) in model folder {self.folder}")
+                f"no *.safetensors files (and no {INDEX_FILE}) in model folder {self.folder}"
+            )
         file_of: dict[str, Path] = {}
         for path in files:
             with safe_open(str(path), framework="pt") as f:

@@ -32,8 +32,13 @@ SMALL_LLAMA3_SCALED: dict[str, Any] = {
     **SMALL_LLAMA,
     "head_dim": 16,
     "rope_theta": 500000.0,
-    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                     "original_max_position_embeddings": 64},
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
     "attention_bias": True,  # Llama's flag: bias on q, k, v and o
     "mlp_bias": True,
     "tie_word_embeddings": True,
@@ -83,8 +88,11 @@ def make_random_hf_model(config: dict[str, Any], folder: Path, seed: int = 0) ->
 
 def load_hf_reference(folder: str | Path, model_type: str) -> torch.nn.Module:
     """transformers' own implementation of a saved model, float32, eager attention, eval mode."""
-    return _HF_CLASSES[model_type].from_pretrained(
-        folder, attn_implementation="eager", dtype=torch.float32).eval()
+    return (
+        _HF_CLASSES[model_type]
+        .from_pretrained(folder, attn_implementation="eager", dtype=torch.float32)
+        .eval()
+    )
 
 
 def hf_logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
@@ -127,8 +135,9 @@ class PagedRunner:
         outs = [self.run([(seq, tokens[i : i + chunk], i)])[0] for i in range(0, len(tokens), chunk)]
         return torch.cat(outs)
 
-    def greedy_decode(self, seq: str, tokens: list[int], last_logits: torch.Tensor, steps: int
-                      ) -> tuple[list[int], torch.Tensor]:
+    def greedy_decode(
+        self, seq: str, tokens: list[int], last_logits: torch.Tensor, steps: int
+    ) -> tuple[list[int], torch.Tensor]:
         """`steps` greedy decode steps after `tokens`; returns (extended tokens, logits of each step)."""
         tokens = list(tokens)
         step_logits = []

@@ -47,7 +47,8 @@ def test_metadata_matches_per_token_definition(batch) -> None:
     positions = [p for s in slices for p in range(s.start, s.start + s.num_tokens)]
     assert meta.positions.tolist() == positions
     assert meta.slot_mapping.tolist() == [
-        _slot(s, p, bs) for s in slices for p in range(s.start, s.start + s.num_tokens)]
+        _slot(s, p, bs) for s in slices for p in range(s.start, s.start + s.num_tokens)
+    ]
     assert meta.num_tokens == sum(s.num_tokens for s in slices)
 
     decodes = [(s, r0) for s, r0 in zip(slices, _row_starts(slices), strict=True) if s.num_tokens == 1]
@@ -141,8 +142,9 @@ def test_paged_attention_matches_dense(dtype, atol) -> None:
     q = torch.randn(meta.num_tokens, heads, d).to(dtype)
     new_k = torch.cat([k[s:] for k, (s, _) in zip(full_k, entries, strict=True)])
     new_v = torch.cat([v[s:] for v, (s, _) in zip(full_v, entries, strict=True)])
-    out = paged_attention(q, new_k, new_v, k_cache, v_cache, meta,
-                          plan_cache_reads(meta, k_cache, GatherWorkspace()), d**-0.5)
+    out = paged_attention(
+        q, new_k, new_v, k_cache, v_cache, meta, plan_cache_reads(meta, k_cache, GatherWorkspace()), d**-0.5
+    )
     assert out.dtype == dtype and out.shape == (meta.num_tokens, heads * d)
     row = 0
     for (start, n), k, v in zip(entries, full_k, full_v, strict=True):

@@ -15,12 +15,26 @@ from sarathi.model.config import ModelArchConfig, RopeScaling
 from sarathi.model.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 LLAMA31_HUB_STYLE = {  # transformers 4.x layout, as on the hub for Llama-3.1
-    "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0, "max_position_embeddings": 131072, "tie_word_embeddings": False,
-    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-    "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
+    "rope_scaling": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009],
 }
 
 
@@ -97,10 +111,16 @@ def test_inv_freq_default_is_the_rope_formula() -> None:
 
 @pytest.mark.parametrize("original", [64, 8192])
 def test_llama3_inv_freq_matches_transformers(original: int) -> None:
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": original}
-    hf_cfg = transformers.LlamaConfig(hidden_size=512, num_attention_heads=4, head_dim=128,
-                                      rope_theta=500000.0, rope_scaling=scaling)
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": original,
+    }
+    hf_cfg = transformers.LlamaConfig(
+        hidden_size=512, num_attention_heads=4, head_dim=128, rope_theta=500000.0, rope_scaling=scaling
+    )
     theirs, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_cfg)
     ours = rope_inv_freq(128, 500000.0, RopeScaling.from_hf(scaling))
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=0)

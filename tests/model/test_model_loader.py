@@ -172,7 +172,11 @@ def test_gguf_tensor_names() -> None:
 def test_gguf_metadata_gives_smollm2_config() -> None:
     arch = GGUFCheckpoint(embedded_gguf_path()).arch
     assert (arch.hidden_size, arch.num_hidden_layers, arch.num_attention_heads, arch.num_key_value_heads) == (
-        576, 30, 9, 3)
+        576,
+        30,
+        9,
+        3,
+    )
     assert (arch.intermediate_size, arch.vocab_size, arch.head_dim) == (1536, 49152, 64)
     assert (arch.rope_theta, arch.rms_norm_eps, arch.max_position_embeddings) == (100000.0, 1e-5, 8192)
     assert arch.tie_word_embeddings and (arch.bos_token_id, arch.eos_token_id) == (1, 2)
@@ -205,7 +209,7 @@ def _greedy_text(model, arch, tokenizer_dir: str, prompt: str, steps: int) -> st
     runner = PagedRunner(model, arch)
     last = runner.prefill("s", ids, chunk=len(ids))[-1]
     tokens, _ = runner.greedy_decode("s", ids, last, steps)
-    return tok.decode(tokens[len(ids):])
+    return tok.decode(tokens[len(ids) :])
 
 
 def test_embedded_model_knows_the_capital_of_france(smollm2) -> None:

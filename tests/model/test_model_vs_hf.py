@@ -103,8 +103,9 @@ def case(request, tmp_path_factory) -> Case:
         folder = tmp_path_factory.mktemp(name)
         make_random_hf_model(config, folder)
         hf, model_type = load_hf_reference(folder, config["model_type"]), config["model_type"]
-        prompt = torch.randint(0, config["vocab_size"], (PROMPT_LEN,),
-                               generator=torch.Generator().manual_seed(1)).tolist()
+        prompt = torch.randint(
+            0, config["vocab_size"], (PROMPT_LEN,), generator=torch.Generator().manual_seed(1)
+        ).tolist()
     assert len(prompt) == PROMPT_LEN
     return Case(name, folder, model_type, prompt, hf, hf_logits(hf, prompt))
 
@@ -128,7 +129,7 @@ def test_greedy_decode_matches_hf(case: Case, dtype: torch.dtype) -> None:
     runner = case.runner(dtype)
     prefill = runner.prefill("a", case.prompt, chunk=32)
     tokens, step_logits = runner.greedy_decode("a", case.prompt, prefill[-1], steps=16)
-    ref = case.reference(tokens)[len(case.prompt):]
+    ref = case.reference(tokens)[len(case.prompt) :]
     case.check(step_logits, ref, dtype)
 
 
@@ -151,8 +152,13 @@ def test_mixed_batch_matches_each_sequence_alone(case: Case, dtype: torch.dtype,
     for name, upto in (("a", 39), ("b", 74), ("e", 32), ("c", 20)):
         runner.prefill(name, seqs[name][:upto], chunk=16)
     # Step 1: decodes interleaved with a mid-prompt chunk (c) and a first chunk (d).
-    step1 = [("a", seqs["a"][39:40], 39), ("c", seqs["c"][20:33], 20), ("b", seqs["b"][74:75], 74),
-             ("d", seqs["d"][0:9], 0), ("e", seqs["e"][32:33], 32)]
+    step1 = [
+        ("a", seqs["a"][39:40], 39),
+        ("c", seqs["c"][20:33], 20),
+        ("b", seqs["b"][74:75], 74),
+        ("d", seqs["d"][0:9], 0),
+        ("e", seqs["e"][32:33], 32),
+    ]
     # Step 2: only decodes (the all-decode fast path), with contexts 10 to 34 tokens long.
     step2 = [("d", seqs["d"][9:10], 9), ("c", seqs["c"][33:34], 33), ("d2", seqs["d"][0:1], 0)]
     refs["d2"] = refs["d"]
