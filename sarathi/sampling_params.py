@@ -10,10 +10,12 @@ class SamplingParams:
     """How to pick tokens for one request and when to stop.
 
     temperature 0 means greedy. top_k 0 (or -1) means no top-k cut. A seed makes the request's samples
-    reproducible regardless of which other requests share its batches.
+    reproducible regardless of which other requests share its batches. EOS, stop token ids and stop strings
+    are ignored until ``min_tokens`` tokens have been generated.
     """
 
     max_tokens: int = 16
+    min_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -30,6 +32,12 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids or ()))
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if (
+            isinstance(self.min_tokens, bool)
+            or not isinstance(self.min_tokens, int)
+            or not 0 <= self.min_tokens <= self.max_tokens
+        ):
+            raise ValueError(f"min_tokens must be an integer in [0, max_tokens], got {self.min_tokens!r}")
         if not isinstance(self.temperature, int | float) or self.temperature < 0:
             raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
         if not isinstance(self.top_p, int | float) or not 0.0 < self.top_p <= 1.0:

@@ -47,11 +47,13 @@ class LLMEngine:
         self.block_manager = BlockManager(self.num_kv_blocks, cc.block_size, cc.watermark)
         self.scheduler = make_scheduler(config.scheduler, self.block_manager, self.max_model_len)
         self.runner = ModelRunner(self.model, self.kv_caches, self.block_manager, self.device)
-        self.sampler = Sampler(mc.seed)
+        self.tokenizer_dir = tokenizer_dir
         self.eos_token_ids = self._eos_token_ids(tokenizer_dir)
+        self.sampler = Sampler(mc.seed, self.eos_token_ids)
         self.stats: collections.deque[IterationStats] = collections.deque(maxlen=_MAX_KEPT_STATS)
         self._seqs: dict[str, Sequence] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._emitted_chars: dict[str, int] = {}
         self._iteration = 0
 
     # --- setup -------------------------------------------------------------------------------------------
@@ -113,6 +115,7 @@ class LLMEngine:
         self._seqs[request_id] = seq
         if self.tokenizer is not None:
             self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids)
+            self._emitted_chars[request_id] = 0
 
     def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -141,6 +144,11 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     @property
+    def num_iterations(self) -> int:
+        """Iterations run so far (each appends one ``IterationStats`` to ``stats``)."""
+        return self._iteration
+
+    @property
     def num_unfinished_requests(self) -> int:
         return self.scheduler.num_waiting + self.scheduler.num_running
 
@@ -165,18 +173,23 @@ class LLMEngine:
 
     def _emit(self, seq: Sequence, token_id: int, now: float) -> RequestOutput:
         detok = self._detokenizers.get(seq.seq_id)
-        new_text = ""
+        new_text = text = ""
         if detok is not None:
-            new_text = detok.add([token_id])
-            if not seq.is_finished:
-                new_text = self._check_stop_strings(seq, detok, new_text, now)
+            delta = detok.add([token_id])
+            if not seq.is_finished and seq.num_output_tokens > seq.sampling_params.min_tokens:
+                self._check_stop_strings(seq, detok, delta, now)
+            # Text that could still be the start of a stop string is held back until it is decided.
+            end = len(detok.text) if seq.is_finished else _stop_safe_end(detok.text, seq.sampling_params.stop)
+            start = self._emitted_chars[seq.seq_id]
+            text, new_text = detok.text[:end], detok.text[start:end]
+            self._emitted_chars[seq.seq_id] = max(start, end)
         output = RequestOutput(
             request_id=seq.seq_id,
             prompt_token_ids=seq.prompt_token_ids,
             new_token_ids=[token_id],
             new_text=new_text,
             token_ids=list(seq.output_token_ids),
-            text=detok.text if detok is not None else "",
+            text=text,
             finished=seq.is_finished,
             finish_reason=seq.status.finish_reason,
             stop_reason=seq.stop_reason,
@@ -188,26 +201,26 @@ class LLMEngine:
 
     def _check_stop_strings(
         self, seq: Sequence, detok: IncrementalDetokenizer, delta: str, now: float
-    ) -> str:
+    ) -> None:
+        """Finish ``seq`` if its text now contains a stop string; the text is cut there."""
         stops = seq.sampling_params.stop
         if not stops or not delta:
-            return delta
+            return
         text = detok.text
         # Only the tail can hold a stop string that was not there before this delta.
         search_from = max(0, len(text) - len(delta) - max(len(s) for s in stops) + 1)
         hits = [(i, s) for s in stops if (i := text.find(s, search_from)) != -1]
         if not hits:
-            return delta
+            return
         index, stop = min(hits)
         cut = index + len(stop) if seq.sampling_params.include_stop_str_in_output else index
-        old_len = len(text) - len(delta)
         detok.text = text[:cut]
         self.scheduler.finish_sequence(seq, SequenceStatus.FINISHED_STOPPED, now, stop_reason=stop)
-        return detok.text[old_len:]
 
     def _forget(self, request_id: str) -> None:
         self._seqs.pop(request_id, None)
         self._detokenizers.pop(request_id, None)
+        self._emitted_chars.pop(request_id, None)
 
     def _record_stats(self, batch, start: float, end: float) -> None:
         self.stats.append(
@@ -226,3 +239,18 @@ class LLMEngine:
             )
         )
         self._iteration += 1
+
+
+def _stop_safe_end(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the prefix of ``text`` that no stop string can still claim.
+
+    A tail of ``text`` that is a proper prefix of a stop string may become that stop string with the next
+    tokens, so it is not streamed yet.
+    """
+    held = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), held, -1):
+            if text.endswith(stop[:n]):
+                held = n
+                break
+    return len(text) - held

@@ -21,20 +21,36 @@ def step_generator(seed: int, step: int) -> torch.Generator:
 class Sampler:
     """Picks one token per row of float32 logits, each row with its own ``SamplingParams``."""
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, eos_token_ids: tuple[int, ...] = ()) -> None:
         self._unseeded = torch.Generator().manual_seed(seed)
+        self.eos_token_ids = eos_token_ids
 
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams], steps: list[int]) -> list[int]:
         """``steps[i]``: number of tokens row ``i``'s request has emitted so far (for seeded requests)."""
         if logits.shape[0] != len(params):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(params)} requests")
         logits = logits.float()
+        logits = self._mask_early_stops(logits, params, steps)
         tokens = logits.argmax(dim=-1).tolist()
         for i, p in enumerate(params):
             if not p.greedy:
                 gen = self._unseeded if p.seed is None else step_generator(p.seed, steps[i])
                 tokens[i] = _sample_row(logits[i], p, gen)
         return tokens
+
+    def _mask_early_stops(
+        self, logits: torch.Tensor, params: list[SamplingParams], steps: list[int]
+    ) -> torch.Tensor:
+        """Rows still short of ``min_tokens`` cannot pick EOS or a stop token id."""
+        rows = [(i, p) for i, p in enumerate(params) if steps[i] < p.min_tokens]
+        if not rows:
+            return logits
+        logits = logits.clone()  # the model's output may be an inference-mode tensor
+        for i, p in rows:
+            banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.eos_token_ids))
+            if banned:
+                logits[i, banned] = float("-inf")
+        return logits
 
 
 def _sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int:

@@ -52,6 +52,40 @@ def test_stop_string_truncates_text(llm):
     assert llm.chat(story, kept, use_tqdm=False)[0].text == stopped.text + "\n"
 
 
+def test_streamed_deltas_hold_back_a_possible_stop_string(llm):
+    """Concatenated new_text equals the final text: a partial stop string is never streamed."""
+    story = [{"role": "user", "content": "Write a short poem of four lines about the sea."}]
+    full = llm.chat(story, SamplingParams(temperature=0.0, max_tokens=48), use_tqdm=False)[0]
+    words = full.text.split()
+    stop = f"{words[3]} {words[4]}"  # a two-word stop string that appears mid-answer
+    engine = llm.engine
+    engine.add_request(
+        "held",
+        llm.get_tokenizer().apply_chat_template(story),
+        SamplingParams(temperature=0.0, max_tokens=48, stop=[stop]),
+    )
+    deltas, last = [], None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            deltas.append(out.new_text)
+            assert stop not in "".join(deltas)
+            last = out
+    assert last.finish_reason == "stop" and last.stop_reason == stop
+    assert "".join(deltas) == last.text == full.text[: full.text.index(stop)]
+
+
+def test_min_tokens_suppresses_eos_and_stop_ids(llm):
+    out = llm.chat(QUESTION, SamplingParams(temperature=0.0, max_tokens=64), use_tqdm=False)[0]
+    n = len(out.token_ids)  # ends with EOS
+    longer = llm.chat(
+        QUESTION, SamplingParams(temperature=0.0, max_tokens=64, min_tokens=n + 3), use_tqdm=False
+    )[0]
+    assert len(longer.token_ids) >= n + 3 and 2 not in longer.token_ids[: n + 3]
+    assert longer.token_ids[: n - 1] == out.token_ids[: n - 1]
+    with pytest.raises(ValueError, match="min_tokens must be an integer in"):
+        SamplingParams(max_tokens=4, min_tokens=5)
+
+
 def test_stop_token_ids(llm):
     full = llm.generate("The three primary colors are", GREEDY, use_tqdm=False)[0]
     stop_at = full.token_ids[3]

@@ -1,0 +1,107 @@
+"""Typed messages between the API server process and the engine-core process (pickled over ZeroMQ).
+
+Pure Python: no torch, so the API process never imports the model stack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sarathi.config import EngineConfig
+from sarathi.outputs import IterationStats, RequestMetrics
+from sarathi.sampling_params import SamplingParams
+
+# --- API process -> engine core -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    """Queue a tokenized request. ``arrival_time`` is on the shared ``time.monotonic`` clock."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float
+
+
+@dataclass(frozen=True)
+class AbortRequests:
+    """Stop these requests and free their KV blocks (unknown or finished ids are ignored)."""
+
+    request_ids: list[str]
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Abort everything still running and exit."""
+
+
+# --- engine core -> API process -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineReady:
+    """Sent once the model and the KV cache are loaded."""
+
+    pid: int
+    config: EngineConfig
+    tokenizer_dir: str | None
+    max_model_len: int
+    vocab_size: int
+    num_kv_blocks: int
+    block_size: int
+
+
+@dataclass(frozen=True)
+class EngineFailed:
+    """The engine core could not start or crashed; it exits after sending this."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A request the engine refused. ``overloaded`` means the waiting queue was full (retry later)."""
+
+    request_id: str
+    message: str
+    overloaded: bool = False
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """What one request got in one iteration. ``metrics`` is set on the last delta of a request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    finished: bool
+    finish_reason: str | None = None
+    metrics: RequestMetrics | None = None
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """Queue and cache occupancy after the latest iteration."""
+
+    num_waiting: int
+    num_running: int
+    num_preempted: int
+    num_kv_blocks_used: int
+    num_kv_blocks_total: int
+
+
+@dataclass(frozen=True)
+class CoreOutputs:
+    """Everything that happened in one pass of the engine-core loop, sent as one message.
+
+    Sent after every iteration, after handling inputs while idle, and as a heartbeat otherwise.
+    """
+
+    accepted: list[str] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+    deltas: list[TokenDelta] = field(default_factory=list)
+    iterations: list[IterationStats] = field(default_factory=list)
+    snapshot: EngineSnapshot | None = None

@@ -1,0 +1,151 @@
+"""The engine-core process: owns the scheduler, KV cache and model, and runs the iteration loop.
+
+It pulls ``AddRequest`` / ``AbortRequests`` / ``Shutdown`` messages from the API process and pushes one
+``CoreOutputs`` message per loop pass: every request's new tokens of that iteration, accepted and rejected
+requests, iteration stats and a queue/cache snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import traceback
+
+import zmq
+
+from sarathi.config import EngineConfig
+from sarathi.core.sequence import SequenceStatus
+from sarathi.engine.core_messages import (
+    AbortRequests,
+    AddRequest,
+    CoreOutputs,
+    EngineFailed,
+    EngineReady,
+    EngineSnapshot,
+    Rejection,
+    Shutdown,
+    TokenDelta,
+)
+from sarathi.engine.llm_engine import LLMEngine
+from sarathi.outputs import RequestOutput
+
+HEARTBEAT_INTERVAL_S = 0.5
+
+
+class EngineCore:
+    """The loop around an ``LLMEngine`` that serves requests arriving over ZeroMQ."""
+
+    def __init__(self, engine: LLMEngine, inputs: zmq.Socket, outputs: zmq.Socket, max_waiting: int) -> None:
+        self.engine = engine
+        self.inputs = inputs
+        self.outputs = outputs
+        self.max_waiting = max_waiting
+        self._parent_pid = os.getppid()
+
+    def run(self) -> None:
+        last_sent = 0.0
+        while os.getppid() == self._parent_pid:  # the API process died: do not outlive it
+            busy = self.engine.has_unfinished_requests()
+            out = CoreOutputs()
+            messages = self._receive(timeout_ms=0 if busy else int(HEARTBEAT_INTERVAL_S * 1000))
+            if any(isinstance(m, Shutdown) for m in messages):
+                return
+            for message in messages:
+                self._handle(message, out)
+            if self.engine.has_unfinished_requests():
+                iterations_before = self.engine.num_iterations
+                out.deltas.extend(_delta(o) for o in self.engine.step())
+                if self.engine.num_iterations > iterations_before:
+                    out.iterations.append(self.engine.stats[-1])
+            now = time.monotonic()
+            if messages or out.deltas or out.iterations or now - last_sent >= HEARTBEAT_INTERVAL_S:
+                self.outputs.send_pyobj(_with_snapshot(out, self.engine))
+                last_sent = now
+
+    def _receive(self, timeout_ms: int) -> list[object]:
+        messages = []
+        if self.inputs.poll(timeout_ms):
+            while True:
+                try:
+                    messages.append(self.inputs.recv_pyobj(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+        return messages
+
+    def _handle(self, message: object, out: CoreOutputs) -> None:
+        if isinstance(message, AddRequest):
+            if self.engine.scheduler.num_waiting >= self.max_waiting:
+                out.rejected.append(
+                    Rejection(message.request_id, f"the waiting queue is full ({self.max_waiting})", True)
+                )
+                return
+            try:
+                m = message
+                self.engine.add_request(m.request_id, m.prompt_token_ids, m.sampling_params, m.arrival_time)
+            except ValueError as e:
+                out.rejected.append(Rejection(message.request_id, str(e)))
+            else:
+                out.accepted.append(message.request_id)
+        elif isinstance(message, AbortRequests):
+            for request_id in message.request_ids:
+                self.engine.abort_request(request_id)
+        else:
+            raise TypeError(f"unexpected message {type(message).__name__}")
+
+
+def _delta(o: RequestOutput) -> TokenDelta:
+    return TokenDelta(
+        request_id=o.request_id,
+        new_token_ids=o.new_token_ids,
+        new_text=o.new_text,
+        num_prompt_tokens=len(o.prompt_token_ids),
+        num_output_tokens=len(o.token_ids),
+        finished=o.finished,
+        finish_reason=o.finish_reason,
+        metrics=o.metrics if o.finished else None,
+    )
+
+
+def _with_snapshot(out: CoreOutputs, engine: LLMEngine) -> CoreOutputs:
+    scheduler, blocks = engine.scheduler, engine.block_manager
+    snapshot = EngineSnapshot(
+        num_waiting=scheduler.num_waiting,
+        num_running=scheduler.num_running,
+        num_preempted=sum(s.status is SequenceStatus.PREEMPTED for s in scheduler.waiting),
+        num_kv_blocks_used=blocks.num_used_blocks,
+        num_kv_blocks_total=blocks.num_blocks,
+    )
+    return CoreOutputs(out.accepted, out.rejected, out.deltas, out.iterations, snapshot)
+
+
+def run_engine_core(config: EngineConfig, input_address: str, output_address: str, max_waiting: int) -> None:
+    """Process entry point: load the engine, report ready (or why not), then serve until told to stop."""
+    # Ctrl-C reaches the whole process group; the API process decides when the engine core stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    context = zmq.Context()
+    inputs = context.socket(zmq.PULL)
+    inputs.connect(input_address)
+    outputs = context.socket(zmq.PUSH)
+    outputs.connect(output_address)
+    try:
+        engine = LLMEngine(config)
+        outputs.send_pyobj(
+            EngineReady(
+                pid=os.getpid(),
+                config=config,
+                tokenizer_dir=engine.tokenizer_dir,
+                max_model_len=engine.max_model_len,
+                vocab_size=engine.arch.vocab_size,
+                num_kv_blocks=engine.num_kv_blocks,
+                block_size=engine.block_manager.block_size,
+            )
+        )
+        EngineCore(engine, inputs, outputs, max_waiting).run()
+    except Exception as e:
+        traceback.print_exc()
+        outputs.send_pyobj(EngineFailed(f"{type(e).__name__}: {e}"))
+    finally:
+        outputs.close(linger=1000)
+        inputs.close(linger=0)
+        context.term()

@@ -1,0 +1,222 @@
+"""Request bodies of the OpenAI-compatible API (pydantic) and the OpenAI-style error.
+
+Fields that common clients send but we do not act on are accepted when they ask for the default
+behaviour (e.g. ``best_of=1``, ``repetition_penalty=1``) and rejected with a clear message otherwise;
+unknown fields are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sarathi.sampling_params import SamplingParams
+
+NonNegInt = Annotated[int, Field(ge=0)]
+
+
+class APIError(Exception):
+    """An error answered as ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
+
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        param: str | None = None,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message, self.status, self.param, self.type, self.code = message, status, param, type, code
+        self.headers = headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _unsupported(param: str, why: str) -> None:
+    raise APIError(f"{param}: {why}", param=param, code="unsupported")
+
+
+def validation_error(e: ValidationError) -> APIError:
+    """The first pydantic error as an APIError naming the offending field."""
+    err = e.errors()[0]
+    # Union members show up in the location as type names ("str", "list[int]"); they are not fields.
+    path = [str(p) for p in err["loc"] if not (isinstance(p, str) and (p in _TYPE_NAMES or "[" in p))]
+    param = ".".join(path) or None
+    if len(e.errors()) > 1 and all(x["loc"][:1] == err["loc"][:1] for x in e.errors()):
+        return APIError(f"{param}: not a valid value of any accepted type", param=param)
+    return APIError(f"{param}: {err['msg']}" if param else err["msg"], param=param)
+
+
+_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _SamplingRequest(BaseModel):
+    """Fields shared by completions and chat completions."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[NonNegInt] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    min_tokens: NonNegInt = 0
+    include_stop_str_in_output: bool = False
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    def check_supported(self) -> None:
+        """Raise APIError for options this server does not implement (default values pass)."""
+        if self.n != 1:
+            _unsupported("n", "only n=1 is supported; send one request per completion")
+        penalties = (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0))
+        for name, neutral in penalties:
+            value = getattr(self, name)
+            if value is not None and value != neutral:
+                _unsupported(name, f"penalties are not supported (only the neutral value {neutral})")
+        if self.logit_bias:
+            _unsupported("logit_bias", "not supported")
+        if self.stream_options is not None and not self.stream:
+            _unsupported("stream_options", "only allowed when stream is true")
+
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def sampling_params(self, max_tokens: int, temperature_default: float = 1.0) -> SamplingParams:
+        """The engine's SamplingParams; ValueError names a bad field."""
+        return SamplingParams(
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            temperature=temperature_default if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=0 if self.top_k is None else self.top_k,
+            seed=self.seed,
+            stop=self.stop_strings(),
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
+
+
+class CompletionRequest(_SamplingRequest):
+    """``POST /v1/completions``: one prompt, as text or token ids."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    echo: bool = False
+    best_of: int | None = None
+    logprobs: int | None = None
+    suffix: str | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.best_of not in (None, 1):
+            _unsupported("best_of", "only best_of=1 is supported")
+        if self.logprobs is not None:
+            _unsupported("logprobs", "log probabilities are not supported yet")
+        if self.echo:
+            _unsupported("echo", "not supported")
+        if self.suffix:
+            _unsupported("suffix", "not supported")
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt of this request; batched prompts are refused."""
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], str | list):
+            if len(p) != 1:
+                raise APIError(f"prompt: got {len(p)} prompts; send one prompt per request", param="prompt")
+            p = p[0]
+        return p
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise ValueError(f"content part of type {part.type!r} is not supported (text only)")
+            parts.append(part.text)
+        return "".join(parts)
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    """``POST /v1/chat/completions``."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.logprobs or self.top_logprobs:
+            _unsupported("logprobs", "log probabilities are not supported yet")
+        if self.tools:
+            _unsupported("tools", "tool calling is not supported")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            _unsupported("response_format", "only {'type': 'text'} is supported")
+
+    def conversation(self) -> list[dict]:
+        """Messages as plain dicts for the chat template."""
+        out = []
+        for i, m in enumerate(self.messages):
+            try:
+                out.append({"role": m.role, "content": m.text()})
+            except ValueError as e:
+                raise APIError(f"messages.{i}.content: {e}", param=f"messages.{i}.content") from e
+        return out
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -1,0 +1,114 @@
+"""``sarathi serve``: the OpenAI-compatible HTTP server (API process) over an engine-core process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+import time
+
+from sarathi.entrypoints.args import add_engine_args, engine_config_from_args
+
+DEFAULT_PORT = 8000
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    p.add_argument("model_tag", nargs="?", default=None, help="same as --model")
+    http = p.add_argument_group("HTTP")
+    http.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    http.add_argument("--port", type=int, default=DEFAULT_PORT)
+    http.add_argument("--served-model-name", default=None, help="model name clients use (default: derived)")
+    http.add_argument(
+        "--max-waiting", type=int, default=1024, help="waiting-queue bound; beyond it requests get HTTP 429"
+    )
+    http.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        help="seconds in-flight requests get on SIGINT/SIGTERM",
+    )
+    http.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    add_engine_args(p)
+    p.set_defaults(run=run)
+    return p
+
+
+def served_model_name(model: str | None, explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    if model is None:
+        return "SmolLM2-135M-Instruct"
+    return os.path.basename(os.path.normpath(model)).removesuffix(".gguf")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.model_tag is not None:
+        if args.model is not None and args.model != args.model_tag:
+            print("error: give the model either as an argument or with --model, not both", file=sys.stderr)
+            return 2
+        args.model = args.model_tag
+    try:
+        config = engine_config_from_args(args)
+        if args.max_waiting < 1:
+            raise ValueError(f"--max-waiting must be >= 1, got {args.max_waiting}")
+        if not 0 <= args.port <= 65535:
+            raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_serve(args, config))
+    except RuntimeError as e:  # the engine core could not start
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+async def _serve(args: argparse.Namespace, config) -> int:
+    import uvicorn
+
+    from sarathi.engine.core_client import EngineCoreClient
+    from sarathi.entrypoints.openai.api_server import ServerState, create_app
+    from sarathi.entrypoints.openai.server_metrics import ServerMetrics
+    from sarathi.tokenizer import Tokenizer
+
+    name = served_model_name(config.model.model, args.served_model_name)
+    print(f"sarathi serve: loading {name} ...", flush=True)
+    client = EngineCoreClient(config, args.max_waiting)
+    try:
+        ready = await client.start()
+        tokenizer = Tokenizer(ready.tokenizer_dir) if ready.tokenizer_dir else None
+        state = ServerState(client, name, tokenizer, ServerMetrics(), int(time.time()))
+        app = create_app(state)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=args.host,
+                port=args.port,
+                log_level=args.log_level,
+                timeout_graceful_shutdown=args.shutdown_timeout,
+                access_log=args.log_level == "debug",
+            )
+        )
+        effective = {
+            "served_model_name": name,
+            "engine_core_pid": ready.pid,
+            "max_model_len": ready.max_model_len,
+            "num_kv_blocks": ready.num_kv_blocks,
+            "block_size": ready.block_size,
+            "max_waiting": args.max_waiting,
+            **dataclasses.asdict(ready.config),
+        }
+        print(f"sarathi serve: effective config {json.dumps(effective, default=str)}", flush=True)
+        print(f"sarathi serve: listening on http://{args.host}:{args.port}", flush=True)
+        await server.serve()
+    finally:
+        with contextlib.suppress(Exception):
+            await client.shutdown()
+    return 0

@@ -1,0 +1,119 @@
+"""Fixtures that run ``sarathi serve`` as a real subprocess on 127.0.0.1 and a free port."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+import openai
+import pytest
+
+STARTUP_TIMEOUT_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A ``sarathi serve`` subprocess; ``stop()`` ends it (and its engine core) by PID."""
+
+    def __init__(self, *flags: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # The log outlives this call (the server writes it until stop()).
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="sarathi-serve-", suffix=".log", delete=False)  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sarathi", "serve", "--port", str(self.port), *flags],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        self._wait_ready()
+        self.engine_core_pid = self._effective_config()["engine_core_pid"]
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sarathi serve exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"sarathi serve did not start in {STARTUP_TIMEOUT_S} s:\n{self.output()}")
+
+    def _effective_config(self) -> dict:
+        for line in self.output().splitlines():
+            if line.startswith("sarathi serve: effective config "):
+                return json.loads(line.removeprefix("sarathi serve: effective config "))
+        raise RuntimeError(f"no effective config line in the server output:\n{self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()
+
+    def metrics(self) -> dict[str, float]:
+        """The unlabelled samples of /metrics by name."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        values = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                values[name] = float(value)
+        return values
+
+    def stop(self, timeout_s: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if pid_alive(self.engine_core_pid):
+            os.kill(self.engine_core_pid, signal.SIGKILL)
+        return self.proc.returncode
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers signals; it is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def server():
+    """One server for the whole session: the embedded model, fp32, default scheduler."""
+    srv = ServerProcess("--num-kv-blocks", "2048")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def openai_client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def model_name(server) -> str:
+    return httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["id"]

@@ -1,0 +1,156 @@
+"""The official openai client against a live ``sarathi serve`` on the embedded model."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+
+from sarathi import LLM, SamplingParams
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about autumn rain.",
+    "Name three planets of the solar system.",
+    "Explain what a hash table is in one sentence.",
+]
+
+
+@pytest.fixture(scope="module")
+def strict_client(server):
+    return openai.OpenAI(
+        base_url=f"{server.url}/v1",
+        api_key="unused",
+        max_retries=0,
+        timeout=300,
+        _strict_response_validation=True,
+    )
+
+
+def test_models_health_version(server, model_name):
+    assert model_name == "SmolLM2-135M-Instruct"
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    assert httpx.get(f"{server.url}/version").json()["version"]
+
+
+def test_chat_non_streaming_strict(strict_client, model_name):
+    r = strict_client.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=16,
+        temperature=0,
+    )
+    choice = r.choices[0]
+    assert r.object == "chat.completion" and r.model == model_name and r.id.startswith("chatcmpl-")
+    assert "Paris" in choice.message.content and choice.message.role == "assistant"
+    assert choice.finish_reason in ("stop", "length")
+    assert (
+        r.usage.completion_tokens >= 1
+        and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    )
+
+
+def test_completion_non_streaming_strict(strict_client, model_name):
+    r = strict_client.completions.create(
+        model=model_name, prompt="The capital of France is", max_tokens=8, temperature=0
+    )
+    assert r.object == "text_completion" and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 8 and r.usage.prompt_tokens == 5
+    assert "Paris" in r.choices[0].text
+
+
+def test_chat_streaming_with_usage_matches_non_streaming(strict_client, openai_client, model_name):
+    messages = [{"role": "user", "content": "Write a haiku about autumn rain."}]
+    full = strict_client.chat.completions.create(
+        model=model_name, messages=messages, max_tokens=24, temperature=0
+    )
+    chunks = list(
+        strict_client.chat.completions.create(
+            model=model_name,
+            messages=messages,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    *token_chunks, usage_chunk = chunks
+    assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens == full.usage.completion_tokens
+    assert token_chunks[0].choices[0].delta.role == "assistant"
+    finish = [c.choices[0].finish_reason for c in token_chunks]
+    assert finish[-1] == full.choices[0].finish_reason and all(f is None for f in finish[:-1])
+    assert "".join(c.choices[0].delta.content or "" for c in token_chunks) == full.choices[0].message.content
+    assert len(token_chunks) == full.usage.completion_tokens  # one chunk per generated token
+
+
+def test_completion_streaming(openai_client, model_name):
+    stream = openai_client.completions.create(
+        model=model_name, prompt="def fibonacci(n):", max_tokens=12, temperature=0, stream=True
+    )
+    chunks = list(stream)
+    assert len(chunks) == 12 and chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.usage is None for c in chunks)
+
+
+def test_stop_strings_stream_equals_final_text(openai_client, model_name):
+    kw = dict(model=model_name, prompt="1, 2, 3, 4,", max_tokens=40, temperature=0, stop=[" 8"])
+    full = openai_client.completions.create(**kw)
+    streamed = "".join(c.choices[0].text for c in openai_client.completions.create(**kw, stream=True))
+    assert full.choices[0].finish_reason == "stop" and " 8" not in full.choices[0].text
+    assert streamed == full.choices[0].text
+
+
+def test_greedy_outputs_equal_offline_generate(openai_client, model_name, server):
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    llm = LLM(num_kv_blocks=512)
+    tok = llm.get_tokenizer()
+    offline = llm.generate(
+        [tok.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS], params
+    )
+    offline_text = llm.generate(["The best way to learn", "In 1492,"], params, use_tqdm=False)
+    for q, out in zip(QUESTIONS, offline, strict=True):
+        r = openai_client.chat.completions.create(
+            model=model_name, messages=[{"role": "user", "content": q}], max_tokens=24, temperature=0
+        )
+        assert r.choices[0].message.content == out.text and r.usage.completion_tokens == len(out.token_ids)
+    for prompt, out in zip(["The best way to learn", "In 1492,"], offline_text, strict=True):
+        r = openai_client.completions.create(model=model_name, prompt=prompt, max_tokens=24, temperature=0)
+        assert r.choices[0].text == out.text
+    # Token-id prompts are accepted too (what load generators send).
+    ids = tok.encode("The best way to learn")
+    r = openai_client.completions.create(model=model_name, prompt=ids, max_tokens=24, temperature=0)
+    assert r.choices[0].text == offline_text[0].text
+
+
+def test_32_concurrent_streams_complete_in_order(server, model_name):
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[list[str], str | None, int]:
+        stream = await client.completions.create(
+            model=model_name,
+            prompt=f"Request {i}: count from 1 to 20:",
+            max_tokens=16 + i % 5,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        texts, finish, usage = [], None, 0
+        async for chunk in stream:
+            if chunk.choices:
+                assert finish is None, "a chunk arrived after the finish_reason"
+                texts.append(chunk.choices[0].text)
+                finish = chunk.choices[0].finish_reason
+            else:
+                usage = chunk.usage.completion_tokens
+        return texts, finish, usage
+
+    async def main():
+        async with openai.AsyncOpenAI(
+            base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=600
+        ) as c:
+            return await asyncio.gather(*(one(c, i) for i in range(32)))
+
+    results = asyncio.run(main())
+    for i, (texts, finish, usage) in enumerate(results):
+        assert finish == "length" and usage == 16 + i % 5 == len(texts)

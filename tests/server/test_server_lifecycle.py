@@ -1,0 +1,116 @@
+"""Abort on disconnect, queue overload, engine-core death and graceful shutdown of a live server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.server.conftest import ServerProcess, pid_alive
+
+LONG = {"prompt": "Tell me a very long story.", "max_tokens": 4000, "ignore_eos": True, "temperature": 0}
+
+
+def _wait_for(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def test_closing_a_stream_aborts_the_request_and_frees_its_blocks(server):
+    with httpx.stream(
+        "POST", f"{server.url}/v1/completions", json={**LONG, "stream": True}, timeout=120
+    ) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        received = [line for line, _ in zip(lines, range(10), strict=False) if line.startswith("data: ")]
+        assert received
+        m = server.metrics()
+        assert m["sarathi_num_requests_running"] == 1 and m["sarathi_kv_cache_blocks_used"] > 0
+    closed = time.monotonic()
+
+    def freed() -> bool:
+        m = server.metrics()
+        return m["sarathi_num_requests_running"] == 0 and m["sarathi_kv_cache_blocks_used"] == 0
+
+    assert _wait_for(freed, 1.0), server.metrics()
+    assert time.monotonic() - closed < 1.5
+    assert server.metrics()['sarathi_requests_total{finish_reason="abort"}'] >= 1
+
+
+@pytest.fixture(scope="module")
+def one_seq_server():
+    """A server that runs one request at a time and lets one more wait."""
+    srv = ServerProcess("--num-kv-blocks", "1024", "--max-num-seqs", "1", "--max-waiting", "1")
+    yield srv
+    srv.stop()
+
+
+def test_full_waiting_queue_gets_429_with_retry_after(one_seq_server):
+    url = f"{one_seq_server.url}/v1/completions"
+    with httpx.Client(timeout=120) as c, c.stream("POST", url, json={**LONG, "stream": True}) as running:
+        lines = running.iter_lines()  # keep a reference: closing the iterator closes the response
+        next(lines)  # running now
+        waiting = threading.Thread(
+            target=lambda: httpx.post(url, json={**LONG, "max_tokens": 5}, timeout=300)
+        )
+        waiting.start()
+        assert _wait_for(lambda: one_seq_server.metrics()["sarathi_num_requests_waiting"] == 1, 10)
+        r = httpx.post(url, json={"prompt": "hi", "max_tokens": 2}, timeout=60)
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["type"] == "rate_limit_error"
+    waiting.join(300)
+    r = httpx.post(url, json={"prompt": "hi", "max_tokens": 2}, timeout=120)
+    assert r.status_code == 200
+
+
+def test_engine_core_death_fails_health_and_in_flight_requests(one_seq_server):
+    srv = one_seq_server
+    url = f"{srv.url}/v1/completions"
+    errors = []
+    with httpx.stream("POST", url, json={**LONG, "stream": True}, timeout=120) as r:
+        lines = r.iter_lines()
+        next(lines)
+        os.kill(srv.engine_core_pid, signal.SIGKILL)
+        killed = time.monotonic()
+        for line in lines:
+            if line.startswith("data: {"):
+                payload = json.loads(line.removeprefix("data: "))
+                if "error" in payload:
+                    errors.append(payload["error"])
+    assert time.monotonic() - killed < 5
+    assert errors and errors[0]["code"] == "engine_dead"
+    assert _wait_for(lambda: httpx.get(f"{srv.url}/health").status_code == 503, 2)
+    r = httpx.post(url, json={"prompt": "hi", "max_tokens": 2}, timeout=10)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "engine_dead"
+
+
+def test_sigterm_finishes_in_flight_requests_and_stops_everything():
+    srv = ServerProcess("--num-kv-blocks", "512", "--shutdown-timeout", "60")
+    try:
+        result = {}
+
+        def stream():
+            body = {"prompt": "Count:", "max_tokens": 20, "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=120) as r:
+                result["lines"] = [line for line in r.iter_lines() if line.startswith("data: ")]
+
+        t = threading.Thread(target=stream)
+        t.start()
+        assert _wait_for(lambda: srv.metrics()["sarathi_num_requests_running"] == 1, 30)
+        srv.proc.send_signal(signal.SIGTERM)
+        t.join(120)
+        srv.proc.wait(60)
+        assert result["lines"][-1] == "data: [DONE]" and len(result["lines"]) == 21  # finished, not cut
+        assert _wait_for(lambda: not pid_alive(srv.engine_core_pid), 10)
+        assert "engine core stopped" in srv.output()
+    finally:
+        srv.stop()
