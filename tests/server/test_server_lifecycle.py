@@ -11,9 +11,10 @@ import time
 import httpx
 import pytest
 
+from sarathi import LLM, SamplingParams
 from tests.server.conftest import ServerProcess, pid_alive
 
-LONG = {"prompt": "Tell me a very long story.", "max_tokens": 4000, "ignore_eos": True, "temperature": 0}
+LONG = {"prompt": "Tell me a very long story.", "max_tokens": 900, "ignore_eos": True, "temperature": 0}
 
 
 def _wait_for(condition, timeout_s: float) -> bool:
@@ -48,10 +49,22 @@ def test_closing_a_stream_aborts_the_request_and_frees_its_blocks(server):
 
 @pytest.fixture(scope="module")
 def one_seq_server():
-    """A server that runs one request at a time and lets one more wait."""
-    srv = ServerProcess("--num-kv-blocks", "1024", "--max-num-seqs", "1", "--max-waiting", "1")
+    """A vllm-scheduler server that runs one request at a time, lets one more wait, and has a 1024-token
+    KV cache."""
+    srv = ServerProcess(
+        "--scheduler", "vllm", "--num-kv-blocks", "64", "--max-num-seqs", "1", "--max-waiting", "1"
+    )
     yield srv
     srv.stop()
+
+
+def test_greedy_outputs_equal_offline_generate_under_vllm_scheduler(one_seq_server):
+    prompts = ["The best way to learn", "In 1492,", "def add(a, b):"]
+    offline = LLM(num_kv_blocks=128).generate(prompts, SamplingParams(temperature=0.0, max_tokens=20))
+    for prompt, out in zip(prompts, offline, strict=True):
+        body = {"prompt": prompt, "max_tokens": 20, "temperature": 0}
+        r = httpx.post(f"{one_seq_server.url}/v1/completions", json=body, timeout=120)
+        assert r.json()["choices"][0]["text"] == out.text
 
 
 def test_full_waiting_queue_gets_429_with_retry_after(one_seq_server):
@@ -70,6 +83,13 @@ def test_full_waiting_queue_gets_429_with_retry_after(one_seq_server):
     waiting.join(300)
     r = httpx.post(url, json={"prompt": "hi", "max_tokens": 2}, timeout=120)
     assert r.status_code == 200
+
+
+def test_request_larger_than_the_kv_cache_gets_400(one_seq_server):
+    url = f"{one_seq_server.url}/v1/completions"
+    r = httpx.post(url, json={"prompt": [7] * 1000, "max_tokens": 100}, timeout=60)
+    assert r.status_code == 400 and "KV blocks" in r.json()["error"]["message"]
+    assert httpx.post(url, json={"prompt": [7] * 100, "max_tokens": 2}, timeout=120).status_code == 200
 
 
 def test_engine_core_death_fails_health_and_in_flight_requests(one_seq_server):
