@@ -124,7 +124,7 @@ class EngineCoreClient:
     # --- lifecycle ------------------------------------------------------------------------------------------
     async def start(self, timeout_s: float = 600.0) -> EngineReady:
         """Spawn the engine core and wait until its model is loaded. Raises RuntimeError if it fails."""
-        from sarathi.engine.engine_core import run_engine_core  # torch stays out of the API process
+        from sarathi.engine.engine_core import run_engine_core  # the model stack loads in the child only
 
         ctx = multiprocessing.get_context("spawn")
         self._process = ctx.Process(

@@ -1,6 +1,6 @@
 """Typed messages between the API server process and the engine-core process (pickled over ZeroMQ).
 
-Pure Python: no torch, so the API process never imports the model stack.
+Pure Python (no torch): the API process works with these without loading the model.
 """
 
 from __future__ import annotations
