@@ -49,6 +49,15 @@ class RequestMetrics:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log probability and the most likely alternatives at its position."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     """A request's state after a step: what is new, everything so far, and whether it finished."""
 
@@ -62,6 +71,7 @@ class RequestOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     metrics: RequestMetrics | None = None
+    new_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True)

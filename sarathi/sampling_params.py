@@ -11,7 +11,9 @@ class SamplingParams:
 
     temperature 0 means greedy. top_k 0 (or -1) means no top-k cut. A seed makes the request's samples
     reproducible regardless of which other requests share its batches. EOS, stop token ids and stop strings
-    are ignored until ``min_tokens`` tokens have been generated.
+    are ignored until ``min_tokens`` tokens have been generated. ``logprobs`` = n returns, for every
+    generated token, its log probability under the model and the n most likely alternatives (0: the
+    token's own only); these are the model's raw distribution, before temperature, top-k and top-p.
     """
 
     max_tokens: int = 16
@@ -24,6 +26,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # Accept lists/single strings from callers, store tuples so the object stays hashable.
@@ -48,6 +51,12 @@ class SamplingParams:
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        if self.logprobs is not None and (
+            isinstance(self.logprobs, bool)
+            or not isinstance(self.logprobs, int)
+            or not 0 <= self.logprobs <= 20
+        ):
+            raise ValueError(f"logprobs must be an integer in [0, 20] or None, got {self.logprobs!r}")
         if any(t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative, got {self.stop_token_ids!r}")
 

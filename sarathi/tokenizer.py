@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 from dataclasses import dataclass, field
 
 # Context tokens from the prompt so the first output tokens decode with the right leading space.
@@ -41,6 +43,24 @@ class Tokenizer:
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes of one token (a token may hold part of a UTF-8 character)."""
+        piece = self._tok.convert_ids_to_tokens(token_id)
+        if piece is None:
+            return b""
+        byte_token = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)  # SentencePiece byte fallback
+        if byte_token:
+            return bytes([int(byte_token.group(1), 16)])
+        decoder = _byte_decoder()
+        if self._byte_level and all(c in decoder for c in piece):
+            return bytes(decoder[c] for c in piece)
+        return self.decode([token_id], skip_special_tokens=False).encode()
+
+    @functools.cached_property
+    def _byte_level(self) -> bool:
+        backend = getattr(self._tok, "backend_tokenizer", None)
+        return type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of a conversation rendered with the model's chat template."""
         if not self._tok.chat_template:
@@ -51,6 +71,25 @@ class Tokenizer:
         )
         # The template already writes any BOS token, so do not add special tokens again.
         return list(self._tok.encode(text, add_special_tokens=False))
+
+
+@functools.cache
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of the byte-level BPE alphabet: printable bytes stand for themselves, the rest are shifted
+    to code points from 256 up."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    mapping, shift = {}, 0
+    for b in range(256):
+        if b in printable:
+            mapping[chr(b)] = b
+        else:
+            mapping[chr(256 + shift)] = b
+            shift += 1
+    return mapping
 
 
 def _check_messages(messages: list[dict]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sarathi.config import EngineConfig
-from sarathi.outputs import IterationStats, RequestMetrics
+from sarathi.outputs import IterationStats, RequestMetrics, TokenLogprob
 from sarathi.sampling_params import SamplingParams
 
 # --- API process -> engine core -------------------------------------------------------------------------
@@ -80,6 +80,7 @@ class TokenDelta:
     finished: bool
     finish_reason: str | None = None
     metrics: RequestMetrics | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,7 @@ def _delta(o: RequestOutput) -> TokenDelta:
         finished=o.finished,
         finish_reason=o.finish_reason,
         metrics=o.metrics if o.finished else None,
+        logprobs=o.new_logprobs,
     )
 
 

@@ -14,9 +14,9 @@ from sarathi.core.block_manager import BlockManager
 from sarathi.core.schedulers import make_scheduler
 from sarathi.core.sequence import Sequence, SequenceStatus
 from sarathi.engine.model_runner import ModelRunner
-from sarathi.engine.sampler import Sampler
+from sarathi.engine.sampler import Sampler, token_logprobs
 from sarathi.model import allocate_kv_cache, kv_cache_bytes_per_block, load_model
-from sarathi.outputs import IterationStats, RequestMetrics, RequestOutput
+from sarathi.outputs import IterationStats, RequestMetrics, RequestOutput, TokenLogprob
 from sarathi.sampling_params import SamplingParams
 from sarathi.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -161,17 +161,22 @@ class LLMEngine:
             return []
         sampling = [e for e in batch.entries if e.samples]
         logits = self.runner.execute(batch)
-        tokens = self.sampler(
-            logits, [e.seq.sampling_params for e in sampling], [e.seq.num_output_tokens for e in sampling]
-        )
+        params = [e.seq.sampling_params for e in sampling]
+        tokens = self.sampler(logits, params, [e.seq.num_output_tokens for e in sampling])
+        logprobs = token_logprobs(logits, params, tokens)
         end = time.monotonic()
         new_tokens = {e.seq.seq_id: t for e, t in zip(sampling, tokens, strict=True)}
         self.scheduler.finish_step(batch, new_tokens, end)
-        outputs = [self._emit(e.seq, new_tokens[e.seq.seq_id], end) for e in sampling]
+        outputs = [
+            self._emit(e.seq, new_tokens[e.seq.seq_id], end, lp)
+            for e, lp in zip(sampling, logprobs, strict=True)
+        ]
         self._record_stats(batch, start, end)
         return outputs
 
-    def _emit(self, seq: Sequence, token_id: int, now: float) -> RequestOutput:
+    def _emit(
+        self, seq: Sequence, token_id: int, now: float, logprob: TokenLogprob | None = None
+    ) -> RequestOutput:
         detok = self._detokenizers.get(seq.seq_id)
         new_text = text = ""
         if detok is not None:
@@ -194,6 +199,7 @@ class LLMEngine:
             finish_reason=seq.status.finish_reason,
             stop_reason=seq.stop_reason,
             metrics=RequestMetrics.of(seq),
+            new_logprobs=None if logprob is None else [logprob],
         )
         if seq.is_finished:
             self._forget(seq.seq_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from sarathi.outputs import TokenLogprob
 from sarathi.sampling_params import SamplingParams
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # keeps (seed, step) pairs from colliding across requests
@@ -51,6 +52,26 @@ class Sampler:
             if banned:
                 logits[i, banned] = float("-inf")
         return logits
+
+
+def token_logprobs(
+    logits: torch.Tensor, params: list[SamplingParams], tokens: list[int]
+) -> list[TokenLogprob | None]:
+    """Log probabilities of the chosen tokens (and the top-n) for the rows that asked for them."""
+    out: list[TokenLogprob | None] = [None] * len(params)
+    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+    if not rows:
+        return out
+    logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
+    top_n = max(params[i].logprobs for i in rows)
+    top_values, top_ids = logprobs.topk(top_n, dim=-1) if top_n else (None, None)
+    for k, i in enumerate(rows):
+        n = params[i].logprobs
+        top = ()
+        if n:
+            top = tuple(zip(top_ids[k, :n].tolist(), top_values[k, :n].tolist(), strict=True))
+        out[i] = TokenLogprob(tokens[i], float(logprobs[k, tokens[i]]), top)
+    return out
 
 
 def _sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int:

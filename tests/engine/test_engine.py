@@ -86,6 +86,35 @@ def test_min_tokens_suppresses_eos_and_stop_ids(llm):
         SamplingParams(max_tokens=4, min_tokens=5)
 
 
+def test_logprobs_match_transformers(llm, smollm2_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt = llm.get_tokenizer().encode("The three primary colors are")
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=3, logprobs=4), use_tqdm=False)[0]
+    hf = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32)
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt + out.token_ids])).logits[0].float(), dim=-1)
+    assert out.new_logprobs is not None  # the last token's
+    engine = llm.engine
+    engine.add_request("lp", prompt, SamplingParams(temperature=0.0, max_tokens=3, logprobs=4))
+    got = [o.new_logprobs[0] for o in _drain_all(engine)]
+    for i, lp in enumerate(got):
+        row = ref[len(prompt) - 1 + i]
+        assert lp.token_id == out.token_ids[i]
+        assert lp.logprob == pytest.approx(row[lp.token_id].item(), abs=2e-3)
+        top_ids, top_values = zip(*lp.top, strict=True)
+        assert list(top_ids) == row.topk(4).indices.tolist()
+        assert list(top_values) == pytest.approx(row.topk(4).values.tolist(), abs=2e-3)
+
+
+def _drain_all(engine: LLMEngine) -> list:
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs.extend(engine.step())
+    return outputs
+
+
 def test_stop_token_ids(llm):
     full = llm.generate("The three primary colors are", GREEDY, use_tqdm=False)[0]
     stop_at = full.token_ids[3]

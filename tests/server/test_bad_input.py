@@ -26,7 +26,7 @@ CASES = [
     ("completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
     ("completions", {"prompt": "hi", "n": 2}, 400, "n"),
     ("completions", {"prompt": "hi", "best_of": 3}, 400, "best_of"),
-    ("completions", {"prompt": "hi", "logprobs": 2}, 400, "logprobs"),
+    ("completions", {"prompt": "hi", "logprobs": 50}, 400, "logprobs"),
     ("completions", {"prompt": "hi", "stop": [""]}, 400, "stop"),
     ("completions", {"prompt": "hi", "min_tokens": 20, "max_tokens": 5}, 400, "min_tokens"),
     ("completions", {"prompt": ["a", "b"]}, 400, "prompt"),
@@ -51,9 +51,9 @@ CASES = [
     ("chat/completions", {"messages": [{"role": "user", "content": LONG_TEXT}]}, 400, "messages"),
     (
         "chat/completions",
-        {"messages": [{"role": "user", "content": "hi"}], "logprobs": True},
+        {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3},
         400,
-        "logprobs",
+        "top_logprobs",
     ),
     ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "model": "nope"}, 404, "model"),
 ]

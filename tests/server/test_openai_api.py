@@ -102,6 +102,44 @@ def test_stop_strings_stream_equals_final_text(openai_client, model_name):
     assert streamed == full.choices[0].text
 
 
+def test_logprobs_chat_and_completions(strict_client, openai_client, model_name):
+    r = strict_client.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert b"".join(bytes(e.bytes) for e in content).decode().startswith(r.choices[0].message.content)
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].token == entry.token  # greedy picks the most likely token
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+        assert [t.logprob for t in entry.top_logprobs] == sorted(
+            (t.logprob for t in entry.top_logprobs), reverse=True
+        )
+    full = openai_client.completions.create(
+        model=model_name, prompt="The capital of France is", max_tokens=5, temperature=0, logprobs=2
+    )
+    lp = full.choices[0].logprobs
+    assert "".join(lp.tokens) == full.choices[0].text and len(lp.token_logprobs) == 5
+    assert all(len(top) == 2 for top in lp.top_logprobs) and lp.text_offset[0] == 0
+    streamed = list(
+        openai_client.completions.create(
+            model=model_name,
+            prompt="The capital of France is",
+            max_tokens=5,
+            temperature=0,
+            logprobs=2,
+            stream=True,
+        )
+    )
+    assert [c.choices[0].logprobs.token_logprobs[0] for c in streamed] == pytest.approx(lp.token_logprobs)
+
+
 def test_greedy_outputs_equal_offline_generate(openai_client, model_name, server):
     params = SamplingParams(temperature=0.0, max_tokens=24)
     llm = LLM(num_kv_blocks=512)

@@ -29,6 +29,7 @@ from sarathi.entrypoints.openai.protocol import (
     validation_error,
 )
 from sarathi.entrypoints.openai.server_metrics import ServerMetrics
+from sarathi.outputs import TokenLogprob
 from sarathi.sampling_params import SamplingParams
 from sarathi.tokenizer import Tokenizer
 
@@ -110,7 +111,9 @@ def create_app(state: ServerState) -> FastAPI:
         prompt = req.single_prompt()
         prompt_ids = _encode_prompt(state, prompt)
         params = _sampling_params(state, req, len(prompt_ids), req.max_tokens, "prompt")
-        return await _respond(state, raw, req, _CompletionFormat(state.model_name), prompt_ids, params)
+        return await _respond(
+            state, raw, req, _CompletionFormat(state.model_name, state.tokenizer), prompt_ids, params
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request) -> Response:
@@ -123,7 +126,9 @@ def create_app(state: ServerState) -> FastAPI:
         except ValueError as e:
             raise APIError(str(e), param="messages") from e
         params = _sampling_params(state, req, len(prompt_ids), req.requested_max_tokens, "messages")
-        return await _respond(state, raw, req, _ChatFormat(state.model_name), prompt_ids, params)
+        return await _respond(
+            state, raw, req, _ChatFormat(state.model_name, state.tokenizer), prompt_ids, params
+        )
 
     return app
 
@@ -210,19 +215,42 @@ class _CompletionFormat:
 
     id_prefix = "cmpl"
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, tokenizer: Tokenizer | None) -> None:
         self.model = model
+        self.tokenizer = tokenizer
 
-    def chunk(self, rid: str, created: int, text: str, finish: str | None, first: bool) -> dict:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    def chunk(self, rid: str, created: int, delta: TokenDelta, first: bool) -> dict:
+        choice = {
+            "index": 0,
+            "text": delta.new_text,
+            "logprobs": self.logprobs(delta.logprobs),
+            "finish_reason": delta.finish_reason,
+        }
         return self._envelope(rid, created, "text_completion", [choice])
 
-    def final(self, rid: str, created: int, text: str, finish: str | None, usage: dict) -> dict:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    def final(self, rid: str, created: int, text: str, finish: str | None, logprobs, usage: dict) -> dict:
+        choice = {"index": 0, "text": text, "logprobs": self.logprobs(logprobs), "finish_reason": finish}
         return {**self._envelope(rid, created, "text_completion", [choice]), "usage": usage}
 
     def usage_chunk(self, rid: str, created: int, usage: dict) -> dict:
         return {**self._envelope(rid, created, "text_completion", []), "usage": usage}
+
+    def logprobs(self, logprobs: list[TokenLogprob] | None) -> dict | None:
+        if logprobs is None:
+            return None
+        tokens = [self._text(lp.token_id) for lp in logprobs]
+        offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [{self._text(t): v for t, v in lp.top} for lp in logprobs],
+            "text_offset": offsets,
+        }
+
+    def _text(self, token_id: int) -> str:
+        if self.tokenizer is None:
+            return f"token_id:{token_id}"
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def _envelope(self, rid: str, created: int, obj: str, choices: list) -> dict:
         return {"id": rid, "object": obj, "created": created, "model": self.model, "choices": choices}
@@ -233,18 +261,43 @@ class _ChatFormat(_CompletionFormat):
 
     id_prefix = "chatcmpl"
 
-    def chunk(self, rid: str, created: int, text: str, finish: str | None, first: bool) -> dict:
-        delta = {"role": "assistant", "content": text} if first else {"content": text}
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    def chunk(self, rid: str, created: int, delta: TokenDelta, first: bool) -> dict:
+        content = {"role": "assistant", "content": delta.new_text} if first else {"content": delta.new_text}
+        choice = {
+            "index": 0,
+            "delta": content,
+            "logprobs": self.logprobs(delta.logprobs),
+            "finish_reason": delta.finish_reason,
+        }
         return self._envelope(rid, created, "chat.completion.chunk", [choice])
 
-    def final(self, rid: str, created: int, text: str, finish: str | None, usage: dict) -> dict:
+    def final(self, rid: str, created: int, text: str, finish: str | None, logprobs, usage: dict) -> dict:
         message = {"role": "assistant", "content": text}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": self.logprobs(logprobs),
+            "finish_reason": finish,
+        }
         return {**self._envelope(rid, created, "chat.completion", [choice]), "usage": usage}
 
     def usage_chunk(self, rid: str, created: int, usage: dict) -> dict:
         return {**self._envelope(rid, created, "chat.completion.chunk", []), "usage": usage}
+
+    def logprobs(self, logprobs: list[TokenLogprob] | None) -> dict | None:
+        if logprobs is None:
+            return None
+
+        def entry(token_id: int, logprob: float) -> dict:
+            text = self._text(token_id)
+            raw = text.encode() if self.tokenizer is None else self.tokenizer.token_bytes(token_id)
+            return {"token": text, "logprob": logprob, "bytes": list(raw)}
+
+        content = [
+            {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+            for lp in logprobs
+        ]
+        return {"content": content, "refusal": None}
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -282,15 +335,19 @@ async def _respond(
             events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
     text, finish, num_output = [], None, 0
+    logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
     try:
         async for delta in _deltas(state, raw, stream, len(prompt_ids)):
             text.append(delta.new_text)
             finish, num_output = delta.finish_reason, delta.num_output_tokens
+            if logprobs is not None:
+                logprobs.extend(delta.logprobs or ())
     except EngineDeadError as e:
         raise APIError(str(e), 503, type="server_error", code="engine_dead") from e
     if finish is None:  # the client went away; nobody reads this
         return Response(status_code=499)
-    body = fmt.final(request_id, created, "".join(text), finish, _usage(len(prompt_ids), num_output))
+    usage = _usage(len(prompt_ids), num_output)
+    body = fmt.final(request_id, created, "".join(text), finish, logprobs, usage)
     return JSONResponse(body)
 
 
@@ -332,7 +389,7 @@ async def _stream_events(
     try:
         async for delta in deltas:
             # One chunk per generated token, even when its text is held back (a partial character).
-            chunk = fmt.chunk(request_id, created, delta.new_text, delta.finish_reason, first)
+            chunk = fmt.chunk(request_id, created, delta, first)
             if req.continuous_usage:
                 chunk["usage"] = _usage(num_prompt_tokens, delta.num_output_tokens)
             first = False

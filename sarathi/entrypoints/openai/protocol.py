@@ -104,6 +104,10 @@ class _SamplingRequest(BaseModel):
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
+    def num_logprobs(self) -> int | None:
+        """How many alternatives to return per token (None: no log probabilities)."""
+        return None
+
     def sampling_params(self, max_tokens: int, temperature_default: float = 1.0) -> SamplingParams:
         """The engine's SamplingParams; ValueError names a bad field."""
         return SamplingParams(
@@ -117,6 +121,7 @@ class _SamplingRequest(BaseModel):
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            logprobs=self.num_logprobs(),
         )
 
     @property
@@ -135,19 +140,20 @@ class CompletionRequest(_SamplingRequest):
     max_tokens: int | None = 16
     echo: bool = False
     best_of: int | None = None
-    logprobs: int | None = None
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     suffix: str | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
         if self.best_of not in (None, 1):
             _unsupported("best_of", "only best_of=1 is supported")
-        if self.logprobs is not None:
-            _unsupported("logprobs", "log probabilities are not supported yet")
         if self.echo:
             _unsupported("echo", "not supported")
         if self.suffix:
             _unsupported("suffix", "not supported")
+
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt of this request; batched prompts are refused."""
@@ -193,19 +199,22 @@ class ChatCompletionRequest(_SamplingRequest):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.logprobs or self.top_logprobs:
-            _unsupported("logprobs", "log probabilities are not supported yet")
+        if self.top_logprobs and not self.logprobs:
+            _unsupported("top_logprobs", "needs logprobs: true")
         if self.tools:
             _unsupported("tools", "tool calling is not supported")
         if self.response_format and self.response_format.get("type", "text") != "text":
             _unsupported("response_format", "only {'type': 'text'} is supported")
+
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def conversation(self) -> list[dict]:
         """Messages as plain dicts for the chat template."""
