@@ -1,0 +1,2 @@
+"""Benchmarking: workloads, the metrics store, in-process and HTTP drivers, capacity search, profiling
+and plots."""

@@ -1,0 +1,325 @@
+"""``sarathi bench``: replay a workload under one or more scheduler configs, in-process or against a server.
+
+Writes into ``--output-dir``: ``summary.json`` (a list, one entry per config), per config a folder with
+``requests.csv``, ``iterations.csv`` (in-process only), ``cdf.csv`` and its own ``summary.json``, and the
+plots ``tbt_cdf.png``, ``ttft_cdf.png``, ``tokens_over_time.png`` and ``iteration_time_vs_tokens.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from sarathi.benchmark.metrics_store import MetricsStore, json_safe
+from sarathi.benchmark.workload import (
+    ARRIVALS,
+    BUILTIN_TRACES,
+    LENGTH_DISTRIBUTIONS,
+    SYNTHETIC,
+    SyntheticLengths,
+    TokenSpace,
+    WorkloadConfig,
+    generate_workload,
+    trace_path,
+)
+from sarathi.config import SCHEDULER_NAMES, EngineConfig
+from sarathi.entrypoints.args import add_engine_args, engine_config_from_args
+
+# Schedulers whose iterations are bounded by the token budget; the others ignore it.
+CHUNKING_SCHEDULERS = ("sarathi", "simple_chunking")
+SUMMARY_KEYS = (
+    "scheduler",
+    "token_budget",
+    "qps",
+    "num_requests",
+    "ttft_p50",
+    "ttft_p99",
+    "tbt_p50",
+    "tbt_p99",
+    "tbt_max",
+    "scheduling_delay_p50",
+    "e2e_p50",
+    "throughput_tokens_per_s",
+    "num_preemptions",
+)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One engine configuration of a benchmark: a label and the scheduler settings it varies."""
+
+    label: str
+    scheduler: str
+    token_budget: int
+
+
+@dataclass
+class BenchRun:
+    """The outcome of one config: its metrics store and summary entry."""
+
+    config: BenchConfig
+    store: MetricsStore
+    summary: dict
+
+
+def csv_list(kind):
+    """An argparse type: a comma-separated list of ``kind``."""
+
+    def parse(text: str):
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list: {e}") from e
+
+    return parse
+
+
+def add_workload_args(parser: argparse.ArgumentParser) -> None:
+    """Workload flags shared by ``bench`` and ``capacity``."""
+    w = parser.add_argument_group("workload")
+    w.add_argument(
+        "--trace",
+        default="sharegpt",
+        help=f"a CSV path or one of: {', '.join([*BUILTIN_TRACES, SYNTHETIC])}",
+    )
+    w.add_argument("--num-requests", type=int, default=64)
+    w.add_argument("--arrival", default="poisson", choices=ARRIVALS)
+    w.add_argument("--cv", type=float, default=1.0, help="coefficient of variation of gamma arrivals")
+    w.add_argument("--length-scale", type=float, default=1.0, help="multiply trace lengths by this")
+    w.add_argument("--max-total-tokens", type=int, default=2048, help="cap on prompt + output tokens")
+    w.add_argument("--length-dist", default="fixed", choices=LENGTH_DISTRIBUTIONS, help="synthetic lengths")
+    w.add_argument(
+        "--prompt-len", type=csv_list(int), default=[256], help="synthetic prompt length: N or MIN,MAX"
+    )
+    w.add_argument(
+        "--output-len", type=csv_list(int), default=[64], help="synthetic output length: N or MIN,MAX"
+    )
+    w.add_argument("--zipf-theta", type=float, default=1.1)
+
+
+def _min_max(values: list[int], name: str) -> tuple[int, int]:
+    if len(values) not in (1, 2):
+        raise ValueError(f"--{name} takes N or MIN,MAX, got {values}")
+    return values[0], values[-1]
+
+
+def workload_config_from_args(args: argparse.Namespace, qps: float | None) -> WorkloadConfig:
+    """A validated WorkloadConfig from the workload flags (ValueError names a bad value)."""
+    p_lo, p_hi = _min_max(args.prompt_len, "prompt-len")
+    o_lo, o_hi = _min_max(args.output_len, "output-len")
+    if args.trace != SYNTHETIC:
+        trace_path(args.trace)  # fail before loading any model
+    return WorkloadConfig(
+        trace=args.trace,
+        num_requests=args.num_requests,
+        qps=qps,
+        arrival=args.arrival,
+        cv=args.cv,
+        length_scale=args.length_scale,
+        max_total_tokens=args.max_total_tokens,
+        seed=args.seed,
+        synthetic=SyntheticLengths(args.length_dist, p_lo, p_hi, o_lo, o_hi, args.zipf_theta),
+    )
+
+
+def bench_configs(schedulers: list[str], budgets: list[int]) -> list[BenchConfig]:
+    """Every scheduler x budget; schedulers that ignore the budget run once (with the first budget)."""
+    for s in schedulers:
+        if s not in SCHEDULER_NAMES:
+            raise ValueError(f"unknown scheduler {s!r}; choose one of: {', '.join(SCHEDULER_NAMES)}")
+    if not schedulers or not budgets:
+        raise ValueError("need at least one scheduler and one token budget")
+    configs = []
+    for s in dict.fromkeys(schedulers):
+        for b in budgets if s in CHUNKING_SCHEDULERS else budgets[:1]:
+            label = f"{s}@{b}" if len(budgets) > 1 and s in CHUNKING_SCHEDULERS else s
+            configs.append(BenchConfig(label, s, b))
+    return configs
+
+
+def engine_config_for(args: argparse.Namespace, config: BenchConfig) -> EngineConfig:
+    ns = argparse.Namespace(
+        **{**vars(args), "scheduler": config.scheduler, "token_budget": config.token_budget}
+    )
+    return engine_config_from_args(ns)
+
+
+def run_one_in_process(
+    engine_config: EngineConfig,
+    workload: WorkloadConfig,
+    config: BenchConfig,
+    progress: bool = False,
+    engine=None,
+) -> BenchRun:
+    """Load an engine (unless given), warm it up, replay the workload and summarize."""
+    from sarathi.benchmark.runner import run_in_process, warm_up
+    from sarathi.engine.llm_engine import LLMEngine
+
+    engine = engine if engine is not None else LLMEngine(engine_config)
+    requests = generate_workload(workload, TokenSpace.of_engine(engine))
+    warm_up(engine, requests[0].prompt_token_ids[:32])
+    store = run_in_process(engine, requests, progress=progress, desc=config.label)
+    entry = summary_entry(config, workload, store, "in-process")
+    entry["model"] = engine_config.model.model or "embedded SmolLM2-135M-Instruct"
+    entry["dtype"] = engine_config.model.dtype
+    return BenchRun(config, store, entry)
+
+
+# Both modes write the same keys; these are the ones only one mode knows (None in the other).
+_MODE_KEYS = {"model": None, "dtype": None, "url": None, "num_failed": 0}
+
+
+def summary_entry(config: BenchConfig, workload: WorkloadConfig, store: MetricsStore, mode: str) -> dict:
+    """The summary.json entry of one run: identity, workload settings, then the store's metrics."""
+    return {
+        "label": config.label,
+        "scheduler": config.scheduler,
+        "token_budget": config.token_budget,
+        "qps": workload.qps,
+        "mode": mode,
+        "trace": workload.trace,
+        "arrival": workload.arrival,
+        "length_scale": workload.length_scale,
+        "max_total_tokens": workload.max_total_tokens,
+        "seed": workload.seed,
+        **_MODE_KEYS,
+        **store.summary(),
+    }
+
+
+def write_results(runs: list[BenchRun], folder: str | Path) -> list[Path]:
+    """summary.json, one folder of CSVs per run, and the plots; returns the plot files."""
+    from sarathi.benchmark.plots import plot_bench
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for run in runs:
+        run.store.write(folder / run.config.label, extra_summary=run.summary)
+    entries = [json_safe(r.summary) for r in runs]
+    (folder / "summary.json").write_text(json.dumps(entries, indent=2) + "\n")
+    return plot_bench({r.config.label: r.store for r in runs}, folder)
+
+
+def format_table(entries: list[dict]) -> str:
+    """A fixed-width table of the headline metrics (milliseconds for latencies)."""
+
+    def ms(v):
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * 1e3:.0f}"
+
+    def num(v, fmt):
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+    head = (
+        f"{'config':<22}{'TTFT p50':>10}{'TTFT p99':>10}{'TBT p50':>9}{'TBT p99':>9}{'TBT max':>9}"
+        f"{'sched p50':>11}{'tok/s':>8}{'preempt':>9}"
+    )
+    lines = [head, "-" * len(head)]
+    for e in entries:
+        lines.append(
+            f"{e['label']:<22}{ms(e['ttft_p50']):>10}{ms(e['ttft_p99']):>10}{ms(e['tbt_p50']):>9}"
+            f"{ms(e['tbt_p99']):>9}{ms(e['tbt_max']):>9}{ms(e['scheduling_delay_p50']):>11}"
+            f"{num(e['throughput_tokens_per_s'], '.1f'):>8}{num(e['num_preemptions'], 'd'):>9}"
+        )
+    return "\n".join(lines) + "\n(latencies in ms; tok/s = output tokens per second)"
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "bench",
+        help="replay a workload under several schedulers and write metrics and plots",
+        description=__doc__,
+        conflict_handler="resolve",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_engine_args(p)
+    p.add_argument(
+        "--schedulers",
+        "--scheduler",
+        dest="schedulers",
+        type=csv_list(str),
+        default=["sarathi"],
+        help=f"comma-separated, from: {', '.join(SCHEDULER_NAMES)}",
+    )
+    p.add_argument(
+        "--token-budget", type=csv_list(int), default=[64], help="token budget(s), comma-separated"
+    )
+    p.add_argument("--seed", type=int, default=0, help="workload (and model) seed")
+    p.add_argument(
+        "--qps",
+        type=float,
+        default=1.0,
+        help="mean arrival rate; 0 = all at once (with --arrival trace: the trace's own timestamps)",
+    )
+    add_workload_args(p)
+    p.add_argument("--url", default=None, help="benchmark a live server instead (e.g. http://host:8000)")
+    p.add_argument("--output-dir", default="bench_results")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        qps = None if args.qps == 0 else args.qps
+        workload = workload_config_from_args(args, qps)
+        configs = bench_configs(args.schedulers, args.token_budget)
+        engine_configs = [engine_config_for(args, c) for c in configs]
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    progress = not args.no_progress
+    runs = []
+    try:
+        if args.url:
+            if len(configs) > 1:
+                print(
+                    "warning: --url benchmarks the server as it runs; only the first config is used",
+                    file=sys.stderr,
+                )
+            runs.append(_run_url(args, workload, configs[0], progress))
+        else:
+            for config, ec in zip(configs, engine_configs, strict=True):
+                runs.append(run_one_in_process(ec, workload, config, progress))
+                print(f"{config.label}: done", file=sys.stderr)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    plots = write_results(runs, args.output_dir)
+    print(format_table([r.summary for r in runs]))
+    print(f"wrote {Path(args.output_dir) / 'summary.json'} and {len(plots)} plots")
+    return 0
+
+
+def _run_url(args, workload: WorkloadConfig, config: BenchConfig, progress: bool) -> BenchRun:
+    """Against a live server: prompts use the token space of ``--model`` (default: the embedded model),
+    which must be the model the server runs. The server's own settings apply; the summary records the
+    first of ``--schedulers`` / ``--token-budget`` as the caller's description of them."""
+    from sarathi.benchmark.http_client import run_http
+
+    folder = args.model
+    if folder is None:
+        from sarathi.model import embedded_model_path
+
+        folder = embedded_model_path()
+    if not Path(folder, "config.json").is_file():
+        raise ValueError(f"--url needs --model to be a model folder with config.json, got {folder}")
+    requests = generate_workload(workload, TokenSpace.of_folder(folder))
+    import httpx
+
+    try:
+        store, errors = run_http(args.url, requests, progress=progress, desc=args.url)
+    except httpx.HTTPError as e:
+        raise ValueError(f"cannot use the server at {args.url}: {type(e).__name__}: {e}") from e
+    for e in errors[:10]:
+        print(f"warning: request failed: {e}", file=sys.stderr)
+    entry = summary_entry(config, workload, store, "http")
+    entry["url"] = args.url
+    entry["num_failed"] = len(errors)
+    entry["model"] = (
+        args.model or "embedded SmolLM2-135M-Instruct"
+    )  # its tokens; the server's dtype is its own
+    return BenchRun(config, store, entry)
