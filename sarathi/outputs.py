@@ -84,10 +84,10 @@ class IterationStats:
     num_prefill_tokens: int
     num_decode_tokens: int
     num_seqs: int
-    num_preempted: int
-    num_running: int
-    num_waiting: int
-    num_used_blocks: int
+    num_preempted: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    num_used_blocks: int = 0
     seq_ids: tuple[str, ...] = field(default=(), repr=False)
 
     @property

@@ -227,11 +227,15 @@ def format_table(entries: list[dict]) -> str:
     return "\n".join(lines) + "\n(latencies in ms; tok/s = output tokens per second)"
 
 
-def add_parser(sub) -> argparse.ArgumentParser:
+def add_comparison_parser(
+    sub, name: str, help: str, description: str | None, default_schedulers: list[str]
+) -> argparse.ArgumentParser:
+    """A subcommand that runs one workload under several scheduler configs: engine flags (with
+    ``--scheduler`` widened to a list), ``--token-budget`` list and ``--seed``."""
     p = sub.add_parser(
-        "bench",
-        help="replay a workload under several schedulers and write metrics and plots",
-        description=__doc__,
+        name,
+        help=help,
+        description=description,
         conflict_handler="resolve",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -241,13 +245,24 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--scheduler",
         dest="schedulers",
         type=csv_list(str),
-        default=["sarathi"],
+        default=default_schedulers,
         help=f"comma-separated, from: {', '.join(SCHEDULER_NAMES)}",
     )
     p.add_argument(
         "--token-budget", type=csv_list(int), default=[64], help="token budget(s), comma-separated"
     )
     p.add_argument("--seed", type=int, default=0, help="workload (and model) seed")
+    return p
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = add_comparison_parser(
+        sub,
+        "bench",
+        "replay a workload under several schedulers and write metrics and plots",
+        __doc__,
+        ["sarathi"],
+    )
     p.add_argument(
         "--qps",
         type=float,

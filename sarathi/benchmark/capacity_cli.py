@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from sarathi.benchmark.bench_cli import (
+    add_comparison_parser,
     add_workload_args,
     bench_configs,
     csv_list,
@@ -29,32 +30,16 @@ from sarathi.benchmark.capacity import (
     resolve_slos,
 )
 from sarathi.benchmark.metrics_store import json_safe
-from sarathi.config import SCHEDULER_NAMES
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    p = add_comparison_parser(
+        sub,
         "capacity",
-        help="highest QPS per scheduler within a TBT SLO (bisection)",
-        description=__doc__,
-        conflict_handler="resolve",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "highest QPS per scheduler within a TBT SLO (bisection)",
+        __doc__,
+        ["sarathi", "vllm"],
     )
-    from sarathi.entrypoints.args import add_engine_args
-
-    add_engine_args(p)
-    p.add_argument(
-        "--schedulers",
-        "--scheduler",
-        dest="schedulers",
-        type=csv_list(str),
-        default=["sarathi", "vllm"],
-        help=f"comma-separated, from: {', '.join(SCHEDULER_NAMES)}",
-    )
-    p.add_argument(
-        "--token-budget", type=csv_list(int), default=[64], help="token budget(s), comma-separated"
-    )
-    p.add_argument("--seed", type=int, default=0, help="workload (and model) seed")
     add_workload_args(p)
     s = p.add_argument_group("SLO and search")
     s.add_argument(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sarathi.metrics import percentile
+from sarathi.outputs import IterationStats
 
 REQUEST_COLUMNS = (
     "request_id",
@@ -88,23 +89,6 @@ class RequestRecord:
         return None if e2e is None or not self.token_times else e2e / len(self.token_times)
 
 
-@dataclass(frozen=True)
-class IterationRecord:
-    """One engine iteration: its composition and wall time."""
-
-    iteration: int
-    start_time: float
-    wall_time: float
-    num_prefill_tokens: int
-    num_decode_tokens: int
-    num_seqs: int
-    num_preempted: int = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens
-
-
 class MetricsStore:
     """Collects request timelines and iteration records of one benchmark run.
 
@@ -114,7 +98,7 @@ class MetricsStore:
 
     def __init__(self) -> None:
         self.requests: dict[str, RequestRecord] = {}
-        self.iterations: list[IterationRecord] = []
+        self.iterations: list[IterationStats] = []
 
     # --- feeding -----------------------------------------------------------------------------------------
     def on_arrival(
@@ -138,7 +122,7 @@ class MetricsStore:
         rec.finished_time = time
         rec.num_preemptions = num_preemptions
 
-    def on_iteration(self, record: IterationRecord) -> None:
+    def on_iteration(self, record: IterationStats) -> None:
         self.iterations.append(record)
 
     # --- derived -----------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from sarathi.benchmark.metrics_store import IterationRecord, MetricsStore
+from sarathi.benchmark.metrics_store import MetricsStore
 from sarathi.benchmark.workload import BenchRequest
 from sarathi.sampling_params import SamplingParams
 
@@ -69,17 +69,7 @@ def run_in_process(
             stats = engine.stats[-1] if engine.stats else None
             if stats is not None and stats.iteration != last_iteration:
                 last_iteration = stats.iteration
-                store.on_iteration(
-                    IterationRecord(
-                        stats.iteration,
-                        stats.start_time,
-                        stats.wall_time,
-                        stats.num_prefill_tokens,
-                        stats.num_decode_tokens,
-                        stats.num_seqs,
-                        stats.num_preempted,
-                    )
-                )
+                store.on_iteration(stats)
                 idle = 0
             else:
                 idle += 1

@@ -8,8 +8,9 @@ import math
 
 import pytest
 
-from sarathi.benchmark.metrics_store import IterationRecord, MetricsStore, json_safe
+from sarathi.benchmark.metrics_store import MetricsStore, json_safe
 from sarathi.metrics import percentile
+from sarathi.outputs import IterationStats
 
 
 def _store() -> MetricsStore:
@@ -27,8 +28,8 @@ def _store() -> MetricsStore:
     s.on_token("b", 14.0)
     s.on_token("b", 14.5)
     s.on_finish("b", 14.5, num_preemptions=0)
-    s.on_iteration(IterationRecord(0, 10.5, 0.5, 64, 0, 1))
-    s.on_iteration(IterationRecord(1, 11.0, 0.1, 0, 1, 1))
+    s.on_iteration(IterationStats(0, 10.5, 0.5, 64, 0, 1))
+    s.on_iteration(IterationStats(1, 11.0, 0.1, 0, 1, 1))
     return s
 
 
