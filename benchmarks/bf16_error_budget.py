@@ -1,0 +1,160 @@
+"""Where a bf16 SmolLM2's logit error comes from: roundings simulated inside transformers' fp32 model.
+
+Every row is the relative error norm ||logits - ref|| / ||ref|| over full prefills of a few prompts, against
+two references: transformers in fp32 with the checkpoint's weights ("orig"), and with those weights rounded
+to bf16 ("same weights": what a bf16 model actually holds). The simulated rows keep transformers' fp32 math
+and round, with forward hooks, only the tensors named:
+
+- weights: the weights alone (the gap between the two references);
+- kv cache: the k_proj / v_proj outputs, as a bf16 KV cache stores them;
+- linear inputs: every linear layer's input, as any bf16 GEMM reads it;
+- linear inputs + outputs: also every linear layer's output, as a CPU bf16 GEMM writes it (PyTorch on CPU has
+  no bf16 x bf16 -> fp32 matmul), the least rounding a bf16 implementation on this machine can do.
+
+The last rows measure real implementations: ours (`load_model(dtype=bfloat16)`, fp32 residual stream) and
+transformers' own bf16 model.
+
+    python benchmarks/bf16_error_budget.py
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import transformers
+from record import save_result  # benchmarks/ is on sys.path when this file runs as a script
+
+from sarathi.model import (
+    SeqSlice,
+    allocate_kv_cache,
+    build_attention_metadata,
+    embedded_model_path,
+    load_model,
+)
+
+PROMPT_LEN = 100
+TEXTS = (
+    "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named "
+    "after the engineer Gustave Eiffel, whose company designed and built the tower from 1887 to 1889. "
+    "Locally nicknamed 'La dame de fer', it was constructed as the centerpiece of the 1889 World's Fair.",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
+    "class Cache:\n    def __init__(self, size):\n        self.size = size\n        self.items = {}\n"
+    "    def get(self, key):\n        return self.items.get(key)\n",
+    "Photosynthesis is the process by which green plants and some other organisms use sunlight to synthesize "
+    "foods from carbon dioxide and water. It generally involves the green pigment chlorophyll and generates "
+    "oxygen as a byproduct, mainly inside organelles called chloroplasts.",
+    "<|im_start|>user\nWrite a short story about a robot who learns to paint, and explain why it matters for "
+    "people who think machines cannot be creative.<|im_end|>\n<|im_start|>assistant\nOnce upon a time, in a "
+    "quiet workshop at the edge of a busy city, there lived a small robot named Pix.",
+)
+
+
+def bf16_round(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to the nearest bf16 value, kept in x's dtype."""
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
+def hf_model(folder: Path, bf16_weights: bool) -> torch.nn.Module:
+    """transformers' fp32 eager model of `folder`, optionally with every weight rounded to bf16."""
+    model = transformers.LlamaForCausalLM.from_pretrained(
+        folder, attn_implementation="eager", dtype=torch.float32
+    )
+    if bf16_weights:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(bf16_round(p))
+    return model.eval()
+
+
+def round_linears(model: torch.nn.Module, inputs: bool, outputs: bool, kv: bool) -> list:
+    """Hooks rounding to bf16 every linear layer's input, output, and/or the k/v projections' outputs."""
+    handles = []
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        if inputs:
+            handles.append(module.register_forward_pre_hook(lambda _m, args: (bf16_round(args[0]),)))
+        if outputs or (kv and name.endswith(("k_proj", "v_proj"))):
+            handles.append(module.register_forward_hook(lambda _m, _a, out: bf16_round(out)))
+    return handles
+
+
+def simulated(model: torch.nn.Module, inputs: bool, outputs: bool, kv: bool) -> Callable:
+    """A logits function for `model` with the chosen roundings installed during each forward."""
+
+    def run(tokens: list[int]) -> torch.Tensor:
+        handles = round_linears(model, inputs, outputs, kv)
+        try:
+            return hf_logits(model, tokens)
+        finally:
+            for h in handles:
+                h.remove()
+
+    return run
+
+
+def hf_logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
+    """fp32 logits [len(tokens), vocab] of one full forward."""
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0].float()
+
+
+def our_logits(model, tokens: list[int]) -> torch.Tensor:
+    """Our paged model's logits at every position of one full prefill."""
+    kv = allocate_kv_cache(model.arch, 16, 16, model.dtype)
+    meta = build_attention_metadata([SeqSlice(list(range(16)), 0, len(tokens))], 16)
+    with torch.no_grad():
+        return model(torch.tensor(tokens), meta.positions, meta, kv, torch.arange(len(tokens))).float()
+
+
+def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((ours - ref).norm() / ref.norm()).item()
+
+
+def main() -> None:
+    folder = Path(embedded_model_path())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    prompts = [(tokenizer(t)["input_ids"] * 3)[:PROMPT_LEN] for t in TEXTS]
+    orig, same = hf_model(folder, bf16_weights=False), hf_model(folder, bf16_weights=True)
+    ref_orig = [hf_logits(orig, p) for p in prompts]
+    ref_same = [hf_logits(same, p) for p in prompts]
+
+    ours = load_model(str(folder), dtype=torch.bfloat16)[0]
+    hf_bf16 = hf_model(folder, bf16_weights=False).to(torch.bfloat16)
+    rows_spec: list[tuple[str, Callable[[list[int]], torch.Tensor]]] = [
+        ("simulated: weights", lambda p: hf_logits(same, p)),
+        ("simulated: weights + kv cache", simulated(same, False, False, True)),
+        ("simulated: weights + linear inputs", simulated(same, True, False, False)),
+        ("simulated: weights + linear inputs + kv cache", simulated(same, True, False, True)),
+        ("simulated: weights + linear inputs + outputs", simulated(same, True, True, True)),
+        ("measured: sarathi bf16", lambda p: our_logits(ours, p)),
+        ("measured: transformers bf16", lambda p: hf_logits(hf_bf16, p)),
+    ]
+    rows = []
+    print(f"{'rounded in bf16':48s} {'vs same weights':>22s} {'vs orig':>22s}   (mean / max over prompts)")
+    for label, fn in rows_spec:
+        outs = [fn(p) for p in prompts]
+        same_errs = [rel_err(o, r) for o, r in zip(outs, ref_same, strict=True)]
+        orig_errs = [rel_err(o, r) for o, r in zip(outs, ref_orig, strict=True)]
+        row = {
+            "config": label,
+            "vs_same_weights_mean": statistics.mean(same_errs),
+            "vs_same_weights_max": max(same_errs),
+            "vs_orig_mean": statistics.mean(orig_errs),
+            "vs_orig_max": max(orig_errs),
+        }
+        rows.append(row)
+        print(
+            f"{label:48s} {row['vs_same_weights_mean']:10.2e} / {row['vs_same_weights_max']:8.2e}"
+            f" {row['vs_orig_mean']:10.2e} / {row['vs_orig_max']:8.2e}",
+            flush=True,
+        )
+    path = save_result("bf16_error_budget", rows, {"prompts": len(prompts), "prompt_len": PROMPT_LEN})
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()
