@@ -34,6 +34,7 @@ from sarathi.model import (
     embedded_model_path,
     load_model,
 )
+from sarathi.model.bf16_rounding import bf16_roundings, round_weights_to_bf16
 
 PROMPT_LEN = 100
 TEXTS = (
@@ -52,46 +53,20 @@ TEXTS = (
 )
 
 
-def bf16_round(x: torch.Tensor) -> torch.Tensor:
-    """x rounded to the nearest bf16 value, kept in x's dtype."""
-    return x.to(torch.bfloat16).to(x.dtype)
-
-
 def hf_model(folder: Path, bf16_weights: bool) -> torch.nn.Module:
     """transformers' fp32 eager model of `folder`, optionally with every weight rounded to bf16."""
     model = transformers.LlamaForCausalLM.from_pretrained(
         folder, attn_implementation="eager", dtype=torch.float32
-    )
-    if bf16_weights:
-        with torch.no_grad():
-            for p in model.parameters():
-                p.copy_(bf16_round(p))
-    return model.eval()
+    ).eval()
+    return round_weights_to_bf16(model) if bf16_weights else model
 
 
-def round_linears(model: torch.nn.Module, inputs: bool, outputs: bool, kv: bool) -> list:
-    """Hooks rounding to bf16 every linear layer's input, output, and/or the k/v projections' outputs."""
-    handles = []
-    for name, module in model.named_modules():
-        if not isinstance(module, torch.nn.Linear):
-            continue
-        if inputs:
-            handles.append(module.register_forward_pre_hook(lambda _m, args: (bf16_round(args[0]),)))
-        if outputs or (kv and name.endswith(("k_proj", "v_proj"))):
-            handles.append(module.register_forward_hook(lambda _m, _a, out: bf16_round(out)))
-    return handles
-
-
-def simulated(model: torch.nn.Module, inputs: bool, outputs: bool, kv: bool) -> Callable:
-    """A logits function for `model` with the chosen roundings installed during each forward."""
+def simulated(model: torch.nn.Module, **roundings: bool) -> Callable[[list[int]], torch.Tensor]:
+    """A logits function for `model` with the chosen bf16 roundings active during each forward."""
 
     def run(tokens: list[int]) -> torch.Tensor:
-        handles = round_linears(model, inputs, outputs, kv)
-        try:
+        with bf16_roundings(model, **roundings):
             return hf_logits(model, tokens)
-        finally:
-            for h in handles:
-                h.remove()
 
     return run
 
@@ -124,12 +99,13 @@ def main() -> None:
 
     ours = load_model(str(folder), dtype=torch.bfloat16)[0]
     hf_bf16 = hf_model(folder, bf16_weights=False).to(torch.bfloat16)
+    floor = simulated(same, linear_inputs=True, linear_outputs=True)
     rows_spec: list[tuple[str, Callable[[list[int]], torch.Tensor]]] = [
         ("simulated: weights", lambda p: hf_logits(same, p)),
-        ("simulated: weights + kv cache", simulated(same, False, False, True)),
-        ("simulated: weights + linear inputs", simulated(same, True, False, False)),
-        ("simulated: weights + linear inputs + kv cache", simulated(same, True, False, True)),
-        ("simulated: weights + linear inputs + outputs", simulated(same, True, True, True)),
+        ("simulated: weights + kv cache", simulated(same, kv=True)),
+        ("simulated: weights + linear inputs", simulated(same, linear_inputs=True)),
+        ("simulated: weights + linear inputs + kv cache", simulated(same, linear_inputs=True, kv=True)),
+        ("simulated: weights + linear inputs + outputs", floor),
         ("measured: sarathi bf16", lambda p: our_logits(ours, p)),
         ("measured: transformers bf16", lambda p: hf_logits(hf_bf16, p)),
     ]
