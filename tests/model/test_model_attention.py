@@ -24,16 +24,19 @@ def _slot(s: SeqSlice, pos: int, block_size: int) -> int:
     return s.block_table[pos // block_size] * block_size + pos % block_size
 
 
+MAX_SLICES, MAX_START, MAX_NUM = 6, 40, 17
+
+
 @st.composite
 def batches(draw):
     block_size = draw(st.sampled_from([1, 4, 16]))
-    n = draw(st.integers(1, 6))
-    pool = list(range(200))
+    n = draw(st.integers(1, MAX_SLICES))
+    pool = list(range(MAX_SLICES * (MAX_START + MAX_NUM + 2)))  # enough blocks for the worst draw at size 1
     random.Random(draw(st.integers(0, 999))).shuffle(pool)
     slices = []
     for _ in range(n):
-        start = draw(st.integers(0, 40))
-        num = draw(st.sampled_from([1, 1, 2, 5, 17]))
+        start = draw(st.integers(0, MAX_START))
+        num = draw(st.sampled_from([1, 1, 2, 5, MAX_NUM]))
         blocks = -(-(start + num) // block_size) + draw(st.integers(0, 2))  # tables may run past the need
         slices.append(SeqSlice([pool.pop() for _ in range(blocks)], start, num))
     return slices, block_size
