@@ -1,14 +1,26 @@
-"""Linear layer whose weight can be pre-packed for oneDNN on CPU.
+"""Linear layer with the fastest CPU kernel for its weight storage and compute dtypes.
 
-On the target CPU the default fp32 `F.linear` (MKL) is 2-4x slower than oneDNN with a pre-packed weight
-for 1-64 rows, and bf16 is ~2x slower for <= 8 rows; packing also helps at larger batches.
+- Weights stored in the compute dtype (fp32/fp32, bf16/bf16): pre-packed for oneDNN. On the target CPU the
+  default fp32 `F.linear` (MKL) is 2-4x slower than oneDNN with a pre-packed weight for 1-64 rows, and bf16
+  is ~2x slower for <= 8 rows; packing also helps at larger batches.
+- bf16 weights with fp32 compute: PyTorch has no CPU kernel for that pair, but FBGEMM has an fp32 GEMM that
+  reads fp16 weights. fp16 holds every bf16 value exactly once the layer is scaled by a power of two into
+  fp16's range (bf16 has fewer significand bits), so this kernel computes exactly x @ W_bf16^T in fp32,
+  at fp32 GEMM speed with half the weight bytes (faster than fp32 for one row: decode is bandwidth-bound).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+# Largest |weight| the fp16 container is scaled to: a power of two below fp16's max (65504), high enough that
+# the layer's weights sit far above fp16's subnormal range (< 6.1e-5), which would drop bf16 bits.
+_FP16_CONTAINER_MAX_EXP = 15
+_FP16_EXACT = (torch.bfloat16, torch.float16)  # weight dtypes an fp16 container holds exactly (when scaled)
 
 
 def onednn_packing_available(dtype: torch.dtype, device: torch.device) -> bool:
@@ -23,8 +35,21 @@ def onednn_packing_available(dtype: torch.dtype, device: torch.device) -> bool:
     return dtype == torch.bfloat16 and bool(ops._is_mkldnn_bf16_supported())
 
 
+def fp16_weight_gemm_available(device: torch.device) -> bool:
+    """Whether FBGEMM's fp32 GEMM over fp16-packed weights can run here (x86 CPUs with AVX2 or better)."""
+    return (
+        device.type == "cpu"
+        and "fbgemm" in torch.backends.quantized.supported_engines
+        and hasattr(torch.ops.quantized, "linear_prepack_fp16")
+        and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    )
+
+
 class Linear(nn.Module):
-    """y = x W^T (+ b). Call `pack()` once the weight is loaded to switch to the oneDNN fast path."""
+    """y = x W^T (+ b), weight stored in `dtype`, computed in `compute_dtype` (default: `dtype`).
+
+    Call `pack()` once the weight is loaded to switch to the fast kernel for the pair of dtypes.
+    """
 
     def __init__(
         self,
@@ -33,9 +58,11 @@ class Linear(nn.Module):
         bias: bool,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
+        self.compute_dtype = dtype if compute_dtype is None else compute_dtype
         self.weight: nn.Parameter | None = nn.Parameter(
             torch.empty(out_features, in_features, dtype=dtype, device=device), requires_grad=False
         )
@@ -44,30 +71,55 @@ class Linear(nn.Module):
             if bias
             else None
         )
-        self._packed: torch.Tensor | None = None
+        self._packed: torch.Tensor | None = None  # oneDNN blocked weight
+        self._fp16_packed: object | None = None  # FBGEMM fp16 container (weight / scale, bias / scale)
+        self._fp16_scale = 1.0
 
     @property
     def is_packed(self) -> bool:
-        """True once the weight lives only in oneDNN's blocked layout."""
-        return self._packed is not None
+        """True once the weight lives only in a kernel's packed layout."""
+        return self._packed is not None or self._fp16_packed is not None
 
     def pack(self) -> bool:
-        """Reorder the weight for oneDNN and drop the plain copy; returns False (no-op) where unsupported."""
+        """Move the weight into the fast kernel's layout and drop the plain copy; False (no-op) where no
+        such kernel exists here."""
         w = self.weight
-        if w is None or not onednn_packing_available(w.dtype, w.device):
+        if w is None:
             return False
-        self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach())
+        if w.dtype == self.compute_dtype:
+            if not onednn_packing_available(w.dtype, w.device):
+                return False
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach())
+        elif w.dtype in _FP16_EXACT and self.compute_dtype == torch.float32:
+            if not fp16_weight_gemm_available(w.device):
+                return False
+            self._pack_fp16_container(w.detach())
+        else:
+            return False
         self.weight = None  # the plain copy would double the memory; the packed one is all we use
         return True
 
+    def _pack_fp16_container(self, w: torch.Tensor) -> None:
+        largest = w.abs().max().item()
+        exp = 0 if largest == 0 else math.frexp(largest)[1] - _FP16_CONTAINER_MAX_EXP
+        self._fp16_scale = 2.0**exp  # a power of two: dividing by it and multiplying back are exact
+        bias = None if self.bias is None else self.bias.detach().float() / self._fp16_scale
+        self._fp16_packed = torch.ops.quantized.linear_prepack_fp16(w.float() / self._fp16_scale, bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the layer to x [..., in_features]."""
+        """Apply the layer to x [..., in_features] (in the compute dtype)."""
         if self._packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+        if self._fp16_packed is not None:
+            y = torch.ops.quantized.linear_dynamic_fp16(x, self._fp16_packed)
+            return y if self._fp16_scale == 1.0 else y.mul_(self._fp16_scale)
+        if self.weight.dtype != x.dtype:  # no kernel for the dtype pair here: upcast per call (slow)
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            return F.linear(x, self.weight.to(x.dtype), bias)
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"bias={self.bias is not None}, packed={self.is_packed}"
+            f"bias={self.bias is not None}, compute_dtype={self.compute_dtype}, packed={self.is_packed}"
         )

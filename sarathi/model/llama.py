@@ -8,6 +8,7 @@ dominates for a narrow model at small batch on CPU).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,25 @@ from sarathi.model.paged_attention import CacheReadPlan, GatherWorkspace, paged_
 from sarathi.model.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    """Storage dtype of weights and KV cache, and the dtype matmuls compute in."""
+
+    storage: torch.dtype
+    compute: torch.dtype
+
+    def __post_init__(self) -> None:
+        if self.storage != self.compute and (self.storage, self.compute) != (torch.bfloat16, torch.float32):
+            raise ValueError(
+                f"unsupported dtype {self.storage} with compute dtype {self.compute}: use the same dtype, "
+                "or bfloat16 weights with float32 compute"
+            )
+
+    def linear(self, device: torch.device | str) -> tuple[torch.dtype, torch.device | str, torch.dtype]:
+        """The (dtype, device, compute_dtype) arguments of a `Linear` built with these dtypes."""
+        return self.storage, device, self.compute
 
 
 class RMSNorm(nn.Module):
@@ -38,7 +58,7 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     """Grouped-query self-attention with RoPE; reads and writes the paged KV cache."""
 
-    def __init__(self, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(self, arch: ModelArchConfig, dtypes: Dtypes, device: torch.device | str) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             arch.num_attention_heads,
@@ -47,9 +67,9 @@ class Attention(nn.Module):
         )
         self.scale = self.head_dim**-0.5
         qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
-        self.qkv_proj = Linear(arch.hidden_size, qkv_out, arch.attention_bias, dtype, device)
+        self.qkv_proj = Linear(arch.hidden_size, qkv_out, arch.attention_bias, *dtypes.linear(device))
         attn_width = self.num_heads * self.head_dim
-        self.o_proj = Linear(attn_width, arch.hidden_size, arch.o_proj_bias, dtype, device)
+        self.o_proj = Linear(attn_width, arch.hidden_size, arch.o_proj_bias, *dtypes.linear(device))
 
     def forward(
         self,
@@ -71,10 +91,11 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(self, arch: ModelArchConfig, dtypes: Dtypes, device: torch.device | str) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(arch.hidden_size, 2 * arch.intermediate_size, arch.mlp_bias, dtype, device)
-        self.down_proj = Linear(arch.intermediate_size, arch.hidden_size, arch.mlp_bias, dtype, device)
+        width, hidden = arch.intermediate_size, arch.hidden_size
+        self.gate_up_proj = Linear(hidden, 2 * width, arch.mlp_bias, *dtypes.linear(device))
+        self.down_proj = Linear(width, hidden, arch.mlp_bias, *dtypes.linear(device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
@@ -85,12 +106,12 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm transformer block: attention then MLP, each with a residual connection."""
 
-    def __init__(self, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(self, arch: ModelArchConfig, dtypes: Dtypes, device: torch.device | str) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
-        self.self_attn = Attention(arch, dtype, device)
-        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
-        self.mlp = MLP(arch, dtype, device)
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtypes.compute, device)
+        self.self_attn = Attention(arch, dtypes, device)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtypes.compute, device)
+        self.mlp = MLP(arch, dtypes, device)
 
     def forward(
         self,
@@ -107,18 +128,27 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Decoder stack + LM head. Parameters start uninitialized: load them with `load_hf_weights`."""
+    """Decoder stack + LM head. Parameters start uninitialized: load them with `load_hf_weights`.
+
+    `dtype` is what the weights (and the KV cache the engine allocates, `self.dtype`) are stored in;
+    `compute_dtype` what the matmuls read and write: float32 (default) or, with bf16 weights, bfloat16.
+    """
 
     def __init__(
-        self, arch: ModelArchConfig, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+        self,
+        arch: ModelArchConfig,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        compute_dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
-        self.arch, self.dtype = arch, dtype
+        dtypes = Dtypes(dtype, compute_dtype)
+        self.arch, self.dtype, self.compute_dtype = arch, dtype, compute_dtype
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device)
         self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(DecoderLayer(arch, dtype, device) for _ in range(arch.num_hidden_layers))
-        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
-        self.lm_head = Linear(arch.hidden_size, arch.vocab_size, False, dtype, device)
+        self.layers = nn.ModuleList(DecoderLayer(arch, dtypes, device) for _ in range(arch.num_hidden_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, compute_dtype, device)
+        self.lm_head = Linear(arch.hidden_size, arch.vocab_size, False, *dtypes.linear(device))
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         inv_freq = rope_inv_freq(arch.head_dim, arch.rope_theta, arch.rope_scaling)
@@ -142,7 +172,7 @@ class LlamaForCausalLM(nn.Module):
         # relative logits error vs fp32 from 2.1e-2 to 1.2e-2, for elementwise adds on [T, hidden].
         h = self.embed_tokens(input_ids).float()
         cos, sin = rope_cos_sin(positions, self.inv_freq)
-        plan = plan_cache_reads(metadata, kv_caches[0][0], self._workspace)
+        plan = plan_cache_reads(metadata, kv_caches[0][0], self._workspace, self.compute_dtype)
         for layer, kv in zip(self.layers, kv_caches, strict=True):
             h = layer(h, cos, sin, metadata, plan, kv)
         h = self.norm(h.index_select(0, logits_indices))

@@ -22,12 +22,14 @@ def load_model(
     *,
     load_format: str = "auto",
     dtype: torch.dtype = torch.float32,
+    compute_dtype: torch.dtype = torch.float32,
     hf_config: dict[str, Any] | None = None,
     seed: int = 0,
 ) -> tuple[LlamaForCausalLM, ModelArchConfig, str | None]:
     """Load a model in eval mode; returns (model, arch config, folder holding the tokenizer or None).
 
     model: an HF folder (config.json + safetensors), a .gguf file, or None for the embedded SmolLM2.
+    dtype: weights and KV cache; compute_dtype: matmul inputs and outputs (bfloat16 needs bfloat16 weights).
     load_format: 'auto' (by path), 'safetensors', 'gguf', or 'dummy' (random weights, deterministic by `seed`,
     for the config `hf_config`, else the folder's config.json).
     hf_config: replaces the folder's config.json when given (not used for GGUF).
@@ -44,14 +46,14 @@ def load_model(
     if load_format == "gguf":
         ckpt = GGUFCheckpoint(path)
         arch = ckpt.arch
-        net = LlamaForCausalLM(arch, dtype)
+        net = LlamaForCausalLM(arch, dtype, compute_dtype=compute_dtype)
         net.load_hf_weights(ckpt.get)
         tokenizer_dir = gguf_tokenizer_dir(path)
     else:
         if path is not None and not path.is_dir():
             raise FileNotFoundError(f"model folder not found: {path}")
         arch = ModelArchConfig.from_hf_config(hf_config if hf_config is not None else read_config(path))
-        net = LlamaForCausalLM(arch, dtype)
+        net = LlamaForCausalLM(arch, dtype, compute_dtype=compute_dtype)
         if load_format == "dummy":
             init_dummy_weights(net, seed)
         else:

@@ -121,9 +121,19 @@ def _dense_reference(q, k, v, start):
     return torch.einsum("hqk,khd->qhd", probs, v).reshape(n, heads * d)
 
 
-@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
-def test_paged_attention_matches_dense(dtype, atol) -> None:
-    """History written first, then one batch mixing decodes and chunks (including a chunk from 0)."""
+@pytest.mark.parametrize(
+    ("dtype", "compute", "atol"),
+    [
+        (torch.float32, torch.float32, 1e-5),
+        (torch.bfloat16, torch.bfloat16, 3e-2),
+        (torch.bfloat16, torch.float32, 1e-5),  # bf16 cache read by fp32 math: exact on the stored values
+    ],
+)
+def test_paged_attention_matches_dense(dtype, compute, atol) -> None:
+    """History written first, then one batch mixing decodes and chunks (including a chunk from 0).
+
+    The reference attends, in fp32, to the K/V values as the cache (of `dtype`) stores them.
+    """
     torch.manual_seed(0)
     heads, kv_heads, d, bs, num_blocks = 6, 2, 8, 4, 64
     shape = (kv_heads, num_blocks, bs, d)
@@ -131,8 +141,8 @@ def test_paged_attention_matches_dense(dtype, atol) -> None:
     pool = list(range(num_blocks))
     random.Random(1).shuffle(pool)
     entries = [(9, 1), (3, 6), (0, 5), (22, 1), (0, 1), (13, 3)]  # (start, new tokens)
-    full_k = [torch.randn(s + n, kv_heads, d).to(dtype) for s, n in entries]
-    full_v = [torch.randn(s + n, kv_heads, d).to(dtype) for s, n in entries]
+    full_k = [torch.randn(s + n, kv_heads, d).to(compute) for s, n in entries]
+    full_v = [torch.randn(s + n, kv_heads, d).to(compute) for s, n in entries]
     tables = [[pool.pop() for _ in range(-(-(s + n) // bs))] for s, n in entries]
     history = [SeqSlice(t, 0, s) for t, (s, _) in zip(tables, entries, strict=True) if s > 0]
     hist_meta = build_attention_metadata(history, bs)
@@ -142,15 +152,14 @@ def test_paged_attention_matches_dense(dtype, atol) -> None:
 
     slices = [SeqSlice(t, s, n) for t, (s, n) in zip(tables, entries, strict=True)]
     meta = build_attention_metadata(slices, bs)
-    q = torch.randn(meta.num_tokens, heads, d).to(dtype)
+    q = torch.randn(meta.num_tokens, heads, d).to(compute)
     new_k = torch.cat([k[s:] for k, (s, _) in zip(full_k, entries, strict=True)])
     new_v = torch.cat([v[s:] for v, (s, _) in zip(full_v, entries, strict=True)])
-    out = paged_attention(
-        q, new_k, new_v, k_cache, v_cache, meta, plan_cache_reads(meta, k_cache, GatherWorkspace()), d**-0.5
-    )
-    assert out.dtype == dtype and out.shape == (meta.num_tokens, heads * d)
+    plan = plan_cache_reads(meta, k_cache, GatherWorkspace(), compute)
+    out = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, plan, d**-0.5)
+    assert out.dtype == compute and out.shape == (meta.num_tokens, heads * d)
     row = 0
     for (start, n), k, v in zip(entries, full_k, full_v, strict=True):
-        expected = _dense_reference(q[row : row + n], k, v, start)
+        expected = _dense_reference(q[row : row + n], k.to(dtype), v.to(dtype), start)
         torch.testing.assert_close(out[row : row + n].float(), expected, atol=atol, rtol=0)
         row += n

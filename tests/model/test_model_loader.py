@@ -16,7 +16,7 @@ from sarathi.model import ModelArchConfig, embedded_model_path, load_model
 from sarathi.model import embedded as embedded_module
 from sarathi.model.embedded import convert_gguf_to_hf_folder, embedded_gguf_path
 from sarathi.model.gguf_loader import GGUFCheckpoint, hf_tensor_name, unpermute_rotary_rows
-from sarathi.model.linear import Linear
+from sarathi.model.linear import Linear, fp16_weight_gemm_available
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +135,26 @@ def test_packed_linear_matches_plain() -> None:
         torch.testing.assert_close(lin(x).float(), expected, rtol=tol, atol=tol * 8)
     half = Linear(8, 4, bias=False, dtype=torch.float16)
     assert not half.pack() and half(torch.ones(2, 8, dtype=torch.float16)).shape == (2, 4)
+
+
+@pytest.mark.parametrize("weight_scale", [1.0, 1e6, 1e-7])  # typical, beyond fp16's range, deep in subnormals
+def test_bf16_weights_fp32_compute_is_exact(weight_scale: float) -> None:
+    """bf16 weights with fp32 math equal fp32 math on the bf16 values, packed or not, at any weight scale."""
+    torch.manual_seed(0)
+    lin = Linear(64, 48, bias=True, dtype=torch.bfloat16, compute_dtype=torch.float32)
+    lin.weight.data.copy_(torch.randn(48, 64) * weight_scale)
+    lin.weight.data[0, :8] = torch.tensor([0.0, 3e-5, -7e-6, 1e-8, 1.5, -2.0, 6e4, 1e-3]) * weight_scale
+    lin.bias.data.copy_(torch.randn(48) * weight_scale)
+    x = torch.randn(7, 64)
+    expected = torch.nn.functional.linear(x.double(), lin.weight.double(), lin.bias.double())
+    unpacked = lin(x)
+    assert unpacked.dtype == torch.float32
+    torch.testing.assert_close(unpacked.double(), expected, rtol=1e-5, atol=1e-6 * weight_scale)
+    if fp16_weight_gemm_available(torch.device("cpu")):
+        assert lin.pack() and lin.is_packed and lin.weight is None
+    out = lin(x)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-6 * weight_scale)
 
 
 # --- GGUF ---------------------------------------------------------------------------------------------
