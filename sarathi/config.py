@@ -108,12 +108,15 @@ class ModelConfig:
 
     ``model`` is a Hugging Face checkpoint folder, a .gguf file, or None for the embedded SmolLM2-135M.
     ``load_format`` is 'auto', 'safetensors', 'gguf' or 'dummy' (random weights for the folder's config or
-    ``hf_config``). ``max_model_len`` None means the model's own maximum.
+    ``hf_config``). ``max_model_len`` None means the model's own maximum. ``dtype`` is what weights and the
+    KV cache are stored in; ``compute_dtype`` what matmuls compute in: float32, or bfloat16 with bfloat16
+    weights (faster, ~2x the logits error).
     """
 
     model: str | None = None
     load_format: str = "auto"
     dtype: str = "float32"
+    compute_dtype: str = "float32"
     max_model_len: int | None = None
     seed: int = 0
     hf_config: dict | None = None
@@ -125,6 +128,12 @@ class ModelConfig:
             )
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
+        if self.compute_dtype not in DTYPES:
+            raise ValueError(
+                f"unknown compute_dtype {self.compute_dtype!r}; choose one of: {', '.join(DTYPES)}"
+            )
+        if self.compute_dtype == "bfloat16" and self.dtype != "bfloat16":
+            raise ValueError("compute_dtype 'bfloat16' needs dtype 'bfloat16' (bf16 math reads bf16 weights)")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 
@@ -147,6 +156,7 @@ def engine_config(
     max_num_batched_tokens: int | None = None,
     chunk_schedule: ChunkSchedule | None = None,
     dtype: str = "float32",
+    compute_dtype: str = "float32",
     load_format: str = "auto",
     max_model_len: int | None = None,
     hf_config: dict | None = None,
@@ -161,6 +171,7 @@ def engine_config(
             model=model,
             load_format=load_format,
             dtype=dtype,
+            compute_dtype=compute_dtype,
             max_model_len=max_model_len,
             seed=seed,
             hf_config=hf_config,

@@ -166,11 +166,12 @@ def run_one_in_process(
     entry = summary_entry(config, workload, store, "in-process")
     entry["model"] = engine_config.model.model or "embedded SmolLM2-135M-Instruct"
     entry["dtype"] = engine_config.model.dtype
+    entry["compute_dtype"] = engine_config.model.compute_dtype
     return BenchRun(config, store, entry)
 
 
 # Both modes write the same keys; these are the ones only one mode knows (None in the other).
-_MODE_KEYS = {"model": None, "dtype": None, "url": None, "num_failed": 0}
+_MODE_KEYS = {"model": None, "dtype": None, "compute_dtype": None, "url": None, "num_failed": 0}
 
 
 def summary_entry(config: BenchConfig, workload: WorkloadConfig, store: MetricsStore, mode: str) -> dict:

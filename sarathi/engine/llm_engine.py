@@ -36,7 +36,12 @@ class LLMEngine:
         self.dtype = _DTYPES[mc.dtype]
         self.device = torch.device("cpu")
         self.model, self.arch, tokenizer_dir = load_model(
-            mc.model, load_format=mc.load_format, dtype=self.dtype, hf_config=mc.hf_config, seed=mc.seed
+            mc.model,
+            load_format=mc.load_format,
+            dtype=self.dtype,
+            compute_dtype=_DTYPES[mc.compute_dtype],
+            hf_config=mc.hf_config,
+            seed=mc.seed,
         )
         self.tokenizer = Tokenizer(tokenizer_dir) if tokenizer_dir else None
         self.max_model_len = self._resolve_max_model_len()

@@ -22,7 +22,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--model", default=None, help="HF checkpoint folder or .gguf file (default: embedded SmolLM2)"
     )
     m.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"])
-    m.add_argument("--dtype", default="float32", choices=DTYPES)
+    m.add_argument("--dtype", default="float32", choices=DTYPES, help="weights and KV cache")
+    m.add_argument(
+        "--compute-dtype",
+        default="float32",
+        choices=DTYPES,
+        help="matmul arithmetic; bfloat16 (needs --dtype bfloat16) is faster, with ~2x the logits error",
+    )
     m.add_argument("--max-model-len", type=int, default=None)
     m.add_argument("--seed", type=int, default=0)
 
@@ -59,6 +65,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         args.model,
         load_format=args.load_format,
         dtype=args.dtype,
+        compute_dtype=args.compute_dtype,
         max_model_len=args.max_model_len,
         seed=args.seed,
         block_size=args.block_size,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from sarathi import LLM, LLMEngine, SamplingParams
 from sarathi.config import engine_config
@@ -192,6 +193,10 @@ def test_config_errors_name_the_problem():
         engine_config(scheduler="fifo")
     with pytest.raises(ValueError, match="dtype"):
         engine_config(dtype="float16x")
+    with pytest.raises(ValueError, match="unknown compute_dtype 'half'"):
+        engine_config(compute_dtype="half")
+    with pytest.raises(ValueError, match="compute_dtype 'bfloat16' needs dtype 'bfloat16'"):
+        engine_config(compute_dtype="bfloat16")
     with pytest.raises(ValueError, match="max_model_len 100000 exceeds"):
         LLM(max_model_len=100_000, num_kv_blocks=8)
 
@@ -206,3 +211,18 @@ def test_iteration_stats_account_for_every_token():
     assert sum(s.num_decode_tokens for s in stats) == 3 * 4
     assert all(0 < s.num_tokens <= 32 and s.wall_time > 0 for s in stats)
     assert [s.iteration for s in stats] == list(range(len(stats)))
+
+
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+def test_bf16_weights_halve_kv_memory_and_still_answer(compute_dtype):
+    """--dtype bfloat16 stores weights and KV cache in bf16 (twice the blocks for the same memory budget),
+    with fp32 or bf16 math."""
+    budget = 0.05  # GiB
+    fp32_blocks = LLMEngine(engine_config(kv_cache_memory_gib=budget)).num_kv_blocks
+    bf16 = LLM(dtype="bfloat16", compute_dtype=compute_dtype, kv_cache_memory_gib=budget, max_model_len=512)
+    engine = bf16.engine
+    assert engine.num_kv_blocks // 2 == fp32_blocks  # (budget // half a block: maybe one more)
+    assert all(t.dtype.is_floating_point and t.element_size() == 2 for kv in engine.kv_caches for t in kv)
+    assert engine.model.compute_dtype == getattr(torch, compute_dtype)
+    out = bf16.chat(QUESTION, SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)[0]
+    assert "Paris" in out.text
