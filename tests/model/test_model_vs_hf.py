@@ -9,15 +9,16 @@ Tolerances (measured: worst over all prefill/chunk/decode checks of a case, on t
 - float32, random configs: max |ours - ref| <= 1e-4 (measured <= 3.1e-5; logits std 4-10, max |76|).
 - float32, SmolLM2: <= 3e-4. Its logits reach |40| after 30 layers, and the summation order differs from HF
   (oneDNN packed GEMMs, fused q/k/v and gate/up, SDPA): measured 1.1e-4 to 1.4e-4 (3e-6 of the range).
-- bfloat16 vs HF float32 (the fairer reference: HF's own bf16 is further from it than we are):
-  ||ours - ref|| / ||ref|| <= 1e-2 for the random configs (measured <= 7.2e-3; HF bf16: 8.8e-3 to 1.05e-2).
-  SmolLM2 cannot reach 1e-2 with bf16 activations: HF's own bf16 model is at 2.2e-2. We keep the residual
-  stream in float32 and measure 1.0e-2 (decode) to 1.23e-2 (prefill), so we require <= 1.6e-2 and, in
-  `test_bf16_no_worse_than_hf_bf16`, no worse than HF's own bf16 model on the same prompt.
-- bfloat16 vs the rounding floor (`test_bf16_near_the_rounding_floor`): HF's float32 model with bf16 weights,
+- bfloat16 (bf16 weights and KV cache, float32 math) vs HF float32 with the checkpoint's weights:
+  ||ours - ref|| / ||ref|| <= 1e-2 for every case, SmolLM2 included (measured: see BF16_REL).
+- bf16 math (`compute_dtype=bfloat16`) vs HF float32: bf16 GEMM inputs and outputs cost SmolLM2 more than
+  1e-2 on any implementation (HF's own bf16 model is at 2.2e-2; ours 1.0e-2 to 1.23e-2 with a float32
+  residual stream), so we require <= 1.6e-2 on SmolLM2 (1e-2 on the random configs, measured <= 7.2e-3),
+  no worse than HF's own bf16 model (`test_bf16_math_no_worse_than_hf_bf16`), and
+  <= 1.3x the rounding floor (`test_bf16_math_near_the_rounding_floor`): HF's float32 model with bf16 weights,
   rounding only every linear layer's input and output to bf16 (what a CPU bf16 GEMM does), is the least error
-  a bf16 model can have here, give or take how the roundings happen to cancel. We require <= 1.3x that floor
-  (measured 0.91x to 0.97x on these prompts; up to 1.19x over the prompts of benchmarks/bf16_error_budget.py).
+  bf16 math can have here, give or take how the roundings happen to cancel (measured 0.91x to 0.97x on these
+  prompts; up to 1.19x over the prompts of benchmarks/bf16_error_budget.py).
 """
 
 from __future__ import annotations
@@ -45,8 +46,14 @@ from sarathi.model.llama import LlamaForCausalLM
 
 RANDOM_CONFIGS = {"llama": SMALL_LLAMA, "llama3": SMALL_LLAMA3_SCALED, "qwen2": SMALL_QWEN2}
 FP32_MAX_ABS = {"llama": 1e-4, "llama3": 1e-4, "qwen2": 1e-4, "smollm2": 3e-4}
-BF16_REL = {"llama": 1e-2, "llama3": 1e-2, "qwen2": 1e-2, "smollm2": 1.6e-2}
+BF16_REL = 1e-2
+BF16_MATH_REL = {"llama": 1e-2, "llama3": 1e-2, "qwen2": 1e-2, "smollm2": 1.6e-2}
 BF16_FLOOR_RATIO = 1.3
+# bf16 vs transformers' fp32 model with the same bf16 roundings: fp32 summation-order noise alone on the
+# 2-layer random configs (measured <= 1.8e-5); on SmolLM2's 30 layers that noise moves some K/V values across
+# a bf16 rounding boundary, and each such flip is a 2^-8 step (measured 1.2e-3). Any extra rounding (say keys
+# before RoPE, or bf16 norm weights) shows up as >= 3.2e-3.
+BF16_VS_SIMULATED = {"llama": 1e-4, "llama3": 1e-4, "qwen2": 1e-4, "smollm2": 2.5e-3}
 PROMPT_LEN = 100
 EIFFEL = (
     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named "
@@ -55,7 +62,15 @@ EIFFEL = (
     "and to crown the centennial anniversary of the French Revolution. Although initially criticised by "
     "some of France's leading artists"
 )
-DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
+FP32 = (torch.float32, torch.float32)  # (weights and KV cache, matmul arithmetic)
+BF16 = (torch.bfloat16, torch.float32)
+BF16_MATH = (torch.bfloat16, torch.bfloat16)
+Precision = tuple[torch.dtype, torch.dtype]
+PRECISIONS = [
+    pytest.param(FP32, id="fp32"),
+    pytest.param(BF16, id="bf16"),
+    pytest.param(BF16_MATH, id="bf16-math"),
+]
 
 
 @dataclass
@@ -68,31 +83,34 @@ class Case:
     prompt: list[int]
     hf: torch.nn.Module
     ref: torch.Tensor
-    ours: dict[torch.dtype, LlamaForCausalLM] = field(default_factory=dict)
+    ours: dict[Precision, LlamaForCausalLM] = field(default_factory=dict)
 
-    def model(self, dtype: torch.dtype) -> LlamaForCausalLM:
-        """Our model for this dtype (loaded once)."""
-        if dtype not in self.ours:
-            self.ours[dtype] = load_model(str(self.folder), dtype=dtype)[0]
-        return self.ours[dtype]
+    def model(self, precision: Precision) -> LlamaForCausalLM:
+        """Our model for this (dtype, compute dtype) (loaded once)."""
+        if precision not in self.ours:
+            dtype, compute = precision
+            self.ours[precision] = load_model(str(self.folder), dtype=dtype, compute_dtype=compute)[0]
+        return self.ours[precision]
 
-    def runner(self, dtype: torch.dtype, **kw) -> PagedRunner:
+    def runner(self, precision: Precision, **kw) -> PagedRunner:
         """A fresh paged cache driver around our model."""
-        model = self.model(dtype)
+        model = self.model(precision)
         return PagedRunner(model, model.arch, **kw)
 
     def reference(self, tokens: list[int]) -> torch.Tensor:
         """HF float32 logits over `tokens` (the prompt's are cached)."""
         return self.ref if tokens == self.prompt else hf_logits(self.hf, tokens)
 
-    def check(self, ours: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
-        """Assert the tolerance of this case and dtype."""
-        if dtype == torch.float32:
+    def check(self, ours: torch.Tensor, ref: torch.Tensor, precision: Precision) -> None:
+        """Assert the tolerance of this case and precision."""
+        if precision == FP32:
             err = max_abs_err(ours, ref)
             assert err <= FP32_MAX_ABS[self.name], f"{self.name} fp32 max abs err {err:.3g}"
         else:
             err = rel_err(ours, ref)
-            assert err <= BF16_REL[self.name], f"{self.name} bf16 relative err {err:.3g}"
+            bound = BF16_REL if precision == BF16 else BF16_MATH_REL[self.name]
+            print(f"{self.name} {precision}: relative err {err:.3g}")
+            assert err <= bound, f"{self.name} {precision} relative err {err:.3g}"
 
 
 @pytest.fixture(scope="module", params=["llama", "llama3", "qwen2", "smollm2"])
@@ -116,33 +134,46 @@ def case(request, tmp_path_factory) -> Case:
     return Case(name, folder, model_type, prompt, hf, hf_logits(hf, prompt))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_full_prefill_matches_hf(case: Case, dtype: torch.dtype) -> None:
-    logits = case.runner(dtype).prefill("a", case.prompt, chunk=len(case.prompt))
-    case.check(logits, case.ref, dtype)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_full_prefill_matches_hf(case: Case, precision: Precision) -> None:
+    logits = case.runner(precision).prefill("a", case.prompt, chunk=len(case.prompt))
+    case.check(logits, case.ref, precision)
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 16, 64])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_chunked_prefill_matches_hf(case: Case, dtype: torch.dtype, chunk: int) -> None:
-    logits = case.runner(dtype).prefill("a", case.prompt, chunk=chunk)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_chunked_prefill_matches_hf(case: Case, precision: Precision, chunk: int) -> None:
+    logits = case.runner(precision).prefill("a", case.prompt, chunk=chunk)
     assert logits.shape == case.ref.shape
-    case.check(logits, case.ref, dtype)
+    case.check(logits, case.ref, precision)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_greedy_decode_matches_hf(case: Case, dtype: torch.dtype) -> None:
-    runner = case.runner(dtype)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_greedy_decode_matches_hf(case: Case, precision: Precision) -> None:
+    runner = case.runner(precision)
     prefill = runner.prefill("a", case.prompt, chunk=32)
     tokens, step_logits = runner.greedy_decode("a", case.prompt, prefill[-1], steps=16)
     ref = case.reference(tokens)[len(case.prompt) :]
-    case.check(step_logits, ref, dtype)
+    case.check(step_logits, ref, precision)
 
 
-def test_bf16_near_the_rounding_floor(case: Case) -> None:
-    """Our bf16 error is close to the least a bf16 model on this CPU can have: transformers' fp32 model with
-    bf16 weights whose every linear layer reads and writes bf16 (a CPU bf16 GEMM does both), all else fp32."""
-    ours = rel_err(case.runner(torch.bfloat16).prefill("a", case.prompt, chunk=16), case.ref)
+def test_bf16_is_fp32_math_on_bf16_weights_and_kv(case: Case) -> None:
+    """`bfloat16` computes exactly what transformers' fp32 model computes once its weights and its K/V are
+    rounded to bf16: nothing else is rounded, so only fp32 summation order separates the two."""
+    ours = case.runner(BF16).prefill("a", case.prompt, chunk=16)
+    simulated = round_weights_to_bf16(load_hf_reference(case.folder, case.model_type), keep_norms=True)
+    with bf16_roundings(simulated, kv=True):
+        expected = hf_logits(simulated, case.prompt)
+    err = rel_err(ours, expected)
+    print(f"{case.name}: bf16 vs fp32 math on bf16 weights and kv: {err:.3g}")
+    assert err <= BF16_VS_SIMULATED[case.name], f"{err:.3g}"
+
+
+def test_bf16_math_near_the_rounding_floor(case: Case) -> None:
+    """Our bf16-math error is close to the least a model doing bf16 GEMMs on this CPU can have: transformers'
+    fp32 model with bf16 weights whose every linear layer reads and writes bf16 (a CPU bf16 GEMM does both),
+    all else fp32."""
+    ours = rel_err(case.runner(BF16_MATH).prefill("a", case.prompt, chunk=16), case.ref)
     floor_model = round_weights_to_bf16(load_hf_reference(case.folder, case.model_type))
     with bf16_roundings(floor_model, linear_inputs=True, linear_outputs=True):
         floor = rel_err(hf_logits(floor_model, case.prompt), case.ref)
@@ -150,21 +181,21 @@ def test_bf16_near_the_rounding_floor(case: Case) -> None:
     assert ours <= BF16_FLOOR_RATIO * floor, f"ours {ours:.3g} vs rounding floor {floor:.3g}"
 
 
-def test_bf16_no_worse_than_hf_bf16(case: Case) -> None:
-    ours = rel_err(case.runner(torch.bfloat16).prefill("a", case.prompt, chunk=16), case.ref)
+def test_bf16_math_no_worse_than_hf_bf16(case: Case) -> None:
+    ours = rel_err(case.runner(BF16_MATH).prefill("a", case.prompt, chunk=16), case.ref)
     hf_bf16 = load_hf_reference(case.folder, case.model_type).to(torch.bfloat16)
     theirs = rel_err(hf_logits(hf_bf16, case.prompt), case.ref)
     assert ours <= theirs * 1.05, f"ours {ours:.3g} vs HF bf16 {theirs:.3g}"
 
 
 @pytest.mark.parametrize("block_size", [16, 5])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_mixed_batch_matches_each_sequence_alone(case: Case, dtype: torch.dtype, block_size: int) -> None:
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_mixed_batch_matches_each_sequence_alone(case: Case, precision: Precision, block_size: int) -> None:
     """Decodes and prefill chunks of sequences with different lengths share flattened batches."""
     p = case.prompt
     seqs = {"a": p[:40], "b": p[10:85], "c": p[20:70], "d": p[::3], "e": p[50:83]}
     refs = {name: case.reference(tokens) for name, tokens in seqs.items()}
-    runner = case.runner(dtype, block_size=block_size, num_blocks=64, seed=3)
+    runner = case.runner(precision, block_size=block_size, num_blocks=64, seed=3)
     # History, run alone: a, b and e fully prefilled except their last token; c up to position 20.
     for name, upto in (("a", 39), ("b", 74), ("e", 32), ("c", 20)):
         runner.prefill(name, seqs[name][:upto], chunk=16)
@@ -186,4 +217,4 @@ def test_mixed_batch_matches_each_sequence_alone(case: Case, dtype: torch.dtype,
         ours += runner.run(step)
         expected += [refs[name][start : start + len(tokens)] for name, tokens, start in step]
     # One check over all rows: a single row's bf16 relative error is too noisy a statistic on its own.
-    case.check(torch.cat(ours), torch.cat(expected), dtype)
+    case.check(torch.cat(ours), torch.cat(expected), precision)
