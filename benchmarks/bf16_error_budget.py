@@ -6,12 +6,14 @@ to bf16 ("same weights": what a bf16 model actually holds). The simulated rows k
 and round, with forward hooks, only the tensors named:
 
 - weights: the weights alone (the gap between the two references);
-- kv cache: the k_proj / v_proj outputs, as a bf16 KV cache stores them;
+- kv cache: keys after RoPE and v_proj outputs, as a bf16 KV cache stores them;
 - linear inputs: every linear layer's input, as any bf16 GEMM reads it;
 - linear inputs + outputs: also every linear layer's output, as a CPU bf16 GEMM writes it (PyTorch on CPU has
   no bf16 x bf16 -> fp32 matmul), the least rounding a bf16 implementation on this machine can do.
 
-The last rows measure real implementations: ours (`load_model(dtype=bfloat16)`, fp32 residual stream) and
+The last rows measure real implementations: ours with bf16 weights and KV cache and fp32 math (the
+`bfloat16` dtype; it should sit on the "weights + kv cache" row), ours with bf16 math
+(`compute_dtype=bfloat16`, fp32 residual stream; it should sit near the "linear inputs + outputs" row), and
 transformers' own bf16 model.
 
     python benchmarks/bf16_error_budget.py
@@ -98,6 +100,7 @@ def main() -> None:
     ref_same = [hf_logits(same, p) for p in prompts]
 
     ours = load_model(str(folder), dtype=torch.bfloat16)[0]
+    ours_math = load_model(str(folder), dtype=torch.bfloat16, compute_dtype=torch.bfloat16)[0]
     hf_bf16 = hf_model(folder, bf16_weights=False).to(torch.bfloat16)
     floor = simulated(same, linear_inputs=True, linear_outputs=True)
     rows_spec: list[tuple[str, Callable[[list[int]], torch.Tensor]]] = [
@@ -106,7 +109,8 @@ def main() -> None:
         ("simulated: weights + linear inputs", simulated(same, linear_inputs=True)),
         ("simulated: weights + linear inputs + kv cache", simulated(same, linear_inputs=True, kv=True)),
         ("simulated: weights + linear inputs + outputs", floor),
-        ("measured: sarathi bf16", lambda p: our_logits(ours, p)),
+        ("measured: sarathi bfloat16 (fp32 math)", lambda p: our_logits(ours, p)),
+        ("measured: sarathi bf16 math", lambda p: our_logits(ours_math, p)),
         ("measured: transformers bf16", lambda p: hf_logits(hf_bf16, p)),
     ]
     rows = []

@@ -2,6 +2,7 @@
 
 Prefill: one sequence of T tokens from position 0 (logits of the last token only).
 Decode: B sequences, one new token each, every sequence with CONTEXT tokens already cached.
+Precisions: float32; bfloat16 (bf16 weights and KV cache, fp32 math); bf16-math (--compute-dtype bfloat16).
 HF decode uses a DynamicCache pre-filled with random K/V of the same length, cropped back after each step.
 
 Each number is the median of REPS repetitions; a repetition is repeated (up to 5 tries) when other processes
@@ -34,6 +35,19 @@ PREFILL_TOKENS = (16, 64, 256)
 DECODE_BATCHES = (1, 8, 32)
 MAX_FOREIGN_LOAD = 0.08
 MIN_REP_SECONDS = 0.2
+# (weights and KV cache, matmul arithmetic)
+PRECISIONS = (
+    (torch.float32, torch.float32),
+    (torch.bfloat16, torch.float32),
+    (torch.bfloat16, torch.bfloat16),
+)
+
+
+def precision_name(dtype: torch.dtype, compute: torch.dtype) -> str:
+    """'float32', 'bfloat16' (bf16 weights and KV cache, fp32 math) or 'bf16-math'."""
+    if dtype == compute == torch.bfloat16:
+        return "bf16-math"
+    return str(dtype).removeprefix("torch.")
 
 
 def _busy_seconds() -> float:
@@ -141,28 +155,28 @@ def main() -> None:
         f"decode context {CONTEXT}; ms per forward (median of {reps}), [worst foreign load]"
     )
     rows = []
-    for dtype in (torch.float32, torch.bfloat16):
-        model, arch, _ = load_model(None, dtype=dtype)
+    for dtype, compute in PRECISIONS:
+        model, arch, _ = load_model(None, dtype=dtype, compute_dtype=compute)
         hf = None
-        if not args.no_hf:
+        if not args.no_hf:  # transformers computing in our compute dtype
             from transformers import LlamaForCausalLM as HFLlama
 
-            hf = HFLlama.from_pretrained(embedded_model_path(), attn_implementation="eager", dtype=dtype)
+            hf = HFLlama.from_pretrained(embedded_model_path(), attn_implementation="eager", dtype=compute)
             hf.eval()
-        name = str(dtype).removeprefix("torch.")
+        name = precision_name(dtype, compute)
         cases = [
             (f"prefill T={t}", ours_prefill(model, arch, dtype, t), hf and hf_prefill(hf, arch, t), t)
             for t in PREFILL_TOKENS
         ]
         cases += [
-            (f"decode B={b}", ours_decode(model, arch, dtype, b), hf and hf_decode(hf, arch, dtype, b), b)
+            (f"decode B={b}", ours_decode(model, arch, dtype, b), hf and hf_decode(hf, arch, compute, b), b)
             for b in DECODE_BATCHES
         ]
         for label, ours_fn, hf_fn, tokens in cases:
             ours_s, ours_load = timed(ours_fn, reps)
             row = {"dtype": name, "case": label, "ours_ms": ours_s * 1e3, "ours_foreign_load": ours_load}
             line = (
-                f"{name:8s} {label:14s} ours {ours_s * 1e3:8.1f} ms ({tokens / ours_s:7.0f} tok/s) "
+                f"{name:10s} {label:14s} ours {ours_s * 1e3:8.1f} ms ({tokens / ours_s:7.0f} tok/s) "
                 f"[{ours_load:.0%}]"
             )
             if hf_fn is not None:
