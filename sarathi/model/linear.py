@@ -7,6 +7,7 @@
   reads fp16 weights. fp16 holds every bf16 value exactly once the layer is scaled by a power of two into
   fp16's range (bf16 has fewer significand bits), so this kernel computes exactly x @ W_bf16^T in fp32,
   at fp32 GEMM speed with half the weight bytes (faster than fp32 for one row: decode is bandwidth-bound).
+  FBGEMM pads the input dimension to a multiple of 512 (a 576-wide layer is stored 1024 wide).
 """
 
 from __future__ import annotations
