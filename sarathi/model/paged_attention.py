@@ -98,9 +98,10 @@ def paged_attention(
     A cache narrower than q (bf16 cache, fp32 compute) is read back upcast; new keys are attended to as the
     cache stores them too, so how a prompt is chunked does not change what any query sees.
     """
-    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-    if k_cache.dtype != k.dtype:
-        k, v = k.to(k_cache.dtype).to(k.dtype), v.to(v_cache.dtype).to(v.dtype)
+    k_stored, v_stored = k.to(k_cache.dtype), v.to(v_cache.dtype)  # no-ops when the dtypes match
+    write_kv(k_cache, v_cache, k_stored, v_stored, meta.slot_mapping)
+    if k_stored.dtype != k.dtype:
+        k, v = k_stored.to(k.dtype), v_stored.to(v.dtype)
     dec = meta.decode
     if not meta.prefills:  # all rows are decodes, already in order
         return decode_attention(q, k_cache, v_cache, plan, scale)
