@@ -72,6 +72,7 @@ class RequestOutput:
     stop_reason: int | str | None = None
     metrics: RequestMetrics | None = None
     new_logprobs: list[TokenLogprob] | None = None
+    error: str | None = None  # set when finish_reason is "error": why the engine failed this request
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ class SequenceStatus(enum.Enum):
     FINISHED_STOPPED = "stop"  # EOS, a stop token id or a stop string
     FINISHED_LENGTH = "length"  # max_tokens or the model's max length
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"  # processing this request raised inside the engine; other requests go on
 
     @property
     def is_finished(self) -> bool:
@@ -31,7 +32,12 @@ class SequenceStatus(enum.Enum):
         return self.value if self.is_finished else None
 
 
-_FINISHED = {SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH, SequenceStatus.FINISHED_ABORTED}
+_FINISHED = {
+    SequenceStatus.FINISHED_STOPPED,
+    SequenceStatus.FINISHED_LENGTH,
+    SequenceStatus.FINISHED_ABORTED,
+    SequenceStatus.FINISHED_ERROR,
+}
 
 
 @dataclass(eq=False)

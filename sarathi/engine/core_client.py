@@ -43,11 +43,13 @@ class EngineDeadError(RuntimeError):
 
 
 class RequestRejectedError(ValueError):
-    """The engine refused a request: invalid for this engine, or (``overloaded``) its queue is full."""
+    """The engine refused a request: invalid for this engine, (``overloaded``) its queue is full, or
+    (``internal``) accepting it failed inside the engine."""
 
-    def __init__(self, message: str, overloaded: bool = False) -> None:
+    def __init__(self, message: str, overloaded: bool = False, internal: bool = False) -> None:
         super().__init__(message)
         self.overloaded = overloaded
+        self.internal = internal
 
 
 @dataclass
@@ -263,13 +265,17 @@ class EngineCoreClient:
     def _reject(self, rejection: Rejection) -> None:
         pending = self._pending.pop(rejection.request_id, None)
         if pending is not None and not pending.accepted.done():
-            pending.accepted.set_exception(RequestRejectedError(rejection.message, rejection.overloaded))
+            pending.accepted.set_exception(
+                RequestRejectedError(rejection.message, rejection.overloaded, rejection.internal)
+            )
 
     async def _watchdog(self) -> None:
-        while self.dead_reason is None:
+        # Runs until the process is gone, also after an EngineFailed message: is_alive() reaps the exited
+        # child, so a crashed engine core never lingers as a zombie.
+        while self._process is not None and self._process.is_alive():
             await asyncio.sleep(_WATCHDOG_INTERVAL_S)
-            if self._process is not None and not self._process.is_alive():
-                self._die(f"engine core process exited (exit code {self._process.exitcode})")
+        if self.dead_reason is None:
+            self._die(f"engine core process exited (exit code {self._process.exitcode})")
 
     def _die(self, reason: str) -> None:
         self.dead_reason = reason

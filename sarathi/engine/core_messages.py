@@ -61,11 +61,13 @@ class EngineFailed:
 
 @dataclass(frozen=True)
 class Rejection:
-    """A request the engine refused. ``overloaded`` means the waiting queue was full (retry later)."""
+    """A request the engine refused. ``overloaded`` means the waiting queue was full (retry later);
+    ``internal`` that accepting it raised an unexpected error (a server bug, not bad input)."""
 
     request_id: str
     message: str
     overloaded: bool = False
+    internal: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class TokenDelta:
     finish_reason: str | None = None
     metrics: RequestMetrics | None = None
     logprobs: list[TokenLogprob] | None = None
+    error: str | None = None  # why the engine failed this request (finish_reason "error")
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,10 @@ class EngineCore:
                 self.engine.add_request(m.request_id, m.prompt_token_ids, m.sampling_params, m.arrival_time)
             except ValueError as e:
                 out.rejected.append(Rejection(message.request_id, str(e)))
+            except Exception as e:  # a bug, not bad input: refuse this request, keep serving the others
+                traceback.print_exc()
+                error = f"internal error: {type(e).__name__}: {e}"
+                out.rejected.append(Rejection(message.request_id, error, internal=True))
             else:
                 out.accepted.append(message.request_id)
         elif isinstance(message, AbortRequests):
@@ -105,6 +109,7 @@ def _delta(o: RequestOutput) -> TokenDelta:
         finish_reason=o.finish_reason,
         metrics=o.metrics if o.finished else None,
         logprobs=o.new_logprobs,
+        error=o.error,
     )
 
 

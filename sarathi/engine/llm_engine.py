@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import time
 
@@ -14,7 +15,7 @@ from sarathi.core.block_manager import BlockManager
 from sarathi.core.schedulers import make_scheduler
 from sarathi.core.sequence import Sequence, SequenceStatus
 from sarathi.engine.model_runner import ModelRunner
-from sarathi.engine.sampler import Sampler, token_logprobs
+from sarathi.engine.sampler import SampledToken, Sampler
 from sarathi.model import allocate_kv_cache, kv_cache_bytes_per_block, load_model
 from sarathi.outputs import IterationStats, RequestMetrics, RequestOutput, TokenLogprob
 from sarathi.sampling_params import SamplingParams
@@ -22,6 +23,7 @@ from sarathi.tokenizer import IncrementalDetokenizer, Tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _MAX_KEPT_STATS = 100_000
+logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -108,6 +110,9 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = sampling_params or SamplingParams()
         token_ids = self._prompt_token_ids(prompt)
+        vocab = self.arch.vocab_size
+        if bad := [t for t in params.stop_token_ids if t >= vocab]:
+            raise ValueError(f"stop_token_ids must be token ids in [0, {vocab}), got {bad[:5]}")
         seq = Sequence(
             seq_id=request_id,
             prompt_token_ids=token_ids,
@@ -159,25 +164,61 @@ class LLMEngine:
 
     # --- the loop ----------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one iteration; return an output for every request that got a token or finished."""
+        """Run one iteration; return an output for every request that got a token or finished.
+
+        A failure while processing one request finishes that request with ``finish_reason`` "error" and
+        leaves the others running; a failure of the whole batch (the model) fails that batch's requests.
+        """
         start = time.monotonic()
         batch = self.scheduler.schedule(start)
         if batch.is_empty:
             return []
         sampling = [e for e in batch.entries if e.samples]
-        logits = self.runner.execute(batch)
-        params = [e.seq.sampling_params for e in sampling]
-        tokens = self.sampler(logits, params, [e.seq.num_output_tokens for e in sampling])
-        logprobs = token_logprobs(logits, params, tokens)
+        try:
+            logits = self.runner.execute(batch)
+            params = [e.seq.sampling_params for e in sampling]
+            results = self.sampler.sample(logits, params, [e.seq.num_output_tokens for e in sampling])
+        except Exception as e:
+            logger.exception("iteration %d failed; failing its %d requests", self._iteration, len(batch))
+            message = f"the model failed on this request's batch: {type(e).__name__}: {e}"
+            sampling = batch.entries
+            results = [SampledToken(None, error=message)] * len(sampling)
         end = time.monotonic()
-        new_tokens = {e.seq.seq_id: t for e, t in zip(sampling, tokens, strict=True)}
-        self.scheduler.finish_step(batch, new_tokens, end)
         outputs = [
-            self._emit(e.seq, new_tokens[e.seq.seq_id], end, lp)
-            for e, lp in zip(sampling, logprobs, strict=True)
+            self._fail(e.seq, r.error, end) for e, r in zip(sampling, results, strict=True) if r.error
         ]
+        new_tokens = {e.seq.seq_id: r.token_id for e, r in zip(sampling, results, strict=True) if not r.error}
+        self.scheduler.finish_step(batch, new_tokens, end)
+        for e, r in zip(sampling, results, strict=True):
+            if r.error:
+                continue
+            try:
+                outputs.append(self._emit(e.seq, r.token_id, end, r.logprob))
+            except Exception as exc:
+                logger.exception("output processing of %s failed", e.seq.seq_id)
+                error = f"output processing failed: {type(exc).__name__}: {exc}"
+                outputs.append(self._fail(e.seq, error, end))
         self._record_stats(batch, start, end)
         return outputs
+
+    def _fail(self, seq: Sequence, error: str, now: float) -> RequestOutput:
+        """Finish ``seq`` with an internal error; its blocks are freed and nothing else is touched."""
+        self.scheduler.finish_sequence(seq, SequenceStatus.FINISHED_ERROR, now)
+        if seq.status is not SequenceStatus.FINISHED_ERROR:  # it had just finished when its output failed
+            seq.finish(SequenceStatus.FINISHED_ERROR, now)
+        self._forget(seq.seq_id)
+        return RequestOutput(
+            request_id=seq.seq_id,
+            prompt_token_ids=seq.prompt_token_ids,
+            new_token_ids=[],
+            new_text="",
+            token_ids=list(seq.output_token_ids),
+            text="",
+            finished=True,
+            finish_reason=seq.status.finish_reason,
+            metrics=RequestMetrics.of(seq),
+            error=error,
+        )
 
     def _emit(
         self, seq: Sequence, token_id: int, now: float, logprob: TokenLogprob | None = None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 import torch
 
 from sarathi.outputs import TokenLogprob
@@ -9,6 +12,18 @@ from sarathi.sampling_params import SamplingParams
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # keeps (seed, step) pairs from colliding across requests
 _MASK64 = (1 << 63) - 1
+# Test-only fault injection: a request whose stop_token_ids contain this id makes sampling raise, so tests
+# can check that one failing request fails alone while the engine keeps serving the others.
+FAULT_TOKEN_ENV = "SARATHI_TEST_FAULT_TOKEN_ID"
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    """One sampling row's result: a token (and its logprobs if asked), or why this row failed."""
+
+    token_id: int | None
+    logprob: TokenLogprob | None = None
+    error: str | None = None
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -25,6 +40,37 @@ class Sampler:
     def __init__(self, seed: int = 0, eos_token_ids: tuple[int, ...] = ()) -> None:
         self._unseeded = torch.Generator().manual_seed(seed)
         self.eos_token_ids = eos_token_ids
+        fault = os.environ.get(FAULT_TOKEN_ENV)
+        self._fault_token_id = int(fault) if fault else None
+
+    def sample(
+        self, logits: torch.Tensor, params: list[SamplingParams], steps: list[int]
+    ) -> list[SampledToken]:
+        """Tokens and logprobs for every row; a row whose sampling raises fails alone.
+
+        The rows are sampled together; only if that raises are they retried one by one, so the error is
+        pinned on the request that caused it.
+        """
+        try:
+            return self._sample_rows(logits, params, steps)
+        except Exception:
+            pass
+        results = []
+        for i in range(len(params)):
+            try:
+                results.extend(self._sample_rows(logits[i : i + 1], params[i : i + 1], steps[i : i + 1]))
+            except Exception as e:
+                results.append(SampledToken(None, error=f"sampling failed: {type(e).__name__}: {e}"))
+        return results
+
+    def _sample_rows(
+        self, logits: torch.Tensor, params: list[SamplingParams], steps: list[int]
+    ) -> list[SampledToken]:
+        if self._fault_token_id is not None and any(self._fault_token_id in p.stop_token_ids for p in params):
+            raise RuntimeError(f"injected fault ({FAULT_TOKEN_ENV}={self._fault_token_id})")
+        tokens = self(logits, params, steps)
+        logprobs = token_logprobs(logits, params, tokens)
+        return [SampledToken(t, lp) for t, lp in zip(tokens, logprobs, strict=True)]
 
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams], steps: list[int]) -> list[int]:
         """``steps[i]``: number of tokens row ``i``'s request has emitted so far (for seeded requests)."""

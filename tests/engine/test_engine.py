@@ -176,8 +176,26 @@ def test_bad_requests_raise_and_leave_others_intact(llm):
         engine.add_request("bad-ids", [1, 2, 10**6], params)
     with pytest.raises(ValueError, match="empty"):
         engine.add_request("empty", [], params)
+    bad_stop = SamplingParams(max_tokens=8, min_tokens=1, stop_token_ids=[49152 + 5])
+    with pytest.raises(ValueError, match=r"stop_token_ids must be token ids in \[0, 49152\)"):
+        engine.add_request("bad-stop-id", "hi", bad_stop)
     finished = _drain(engine)
     assert set(finished) == {"good"} and finished["good"].token_ids == expected
+    assert engine.block_manager.num_used_blocks == 0
+
+
+def test_a_request_whose_sampling_raises_fails_alone(llm, monkeypatch):
+    """Defence in depth: an exception while sampling one request finishes it with "error"; the batch's
+    other requests get the tokens they would have got anyway."""
+    engine = llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    expected = llm.generate("The weather today is", params, use_tqdm=False)[0].token_ids
+    monkeypatch.setattr(engine.sampler, "_fault_token_id", 777)
+    engine.add_request("good", "The weather today is", params)
+    engine.add_request("faulty", "The weather today is", SamplingParams(max_tokens=8, stop_token_ids=[777]))
+    finished = _drain(engine)
+    assert finished["good"].token_ids == expected and finished["good"].error is None
+    assert finished["faulty"].finish_reason == "error" and "injected fault" in finished["faulty"].error
     assert engine.block_manager.num_used_blocks == 0
 
 

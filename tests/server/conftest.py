@@ -27,7 +27,7 @@ def free_port() -> int:
 class ServerProcess:
     """A ``sarathi serve`` subprocess; ``stop()`` ends it (and its engine core) by PID."""
 
-    def __init__(self, *flags: str) -> None:
+    def __init__(self, *flags: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # The log outlives this call (the server writes it until stop()).
@@ -36,6 +36,7 @@ class ServerProcess:
             [sys.executable, "-m", "sarathi", "serve", "--port", str(self.port), *flags],
             stdout=self.log,
             stderr=subprocess.STDOUT,
+            env=None if env is None else {**os.environ, **env},
         )
         self._wait_ready()
         self.engine_core_pid = self._effective_config()["engine_core_pid"]

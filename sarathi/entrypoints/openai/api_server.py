@@ -201,10 +201,16 @@ def _sampling_params(
             code="context_length_exceeded",
         )
     try:
-        return req.sampling_params(max_tokens)
+        params = req.sampling_params(max_tokens)
     except ValueError as e:
         param = str(e).split(" ", 1)[0]
         raise APIError(str(e), param=param if param.isidentifier() else None) from e
+    vocab = state.client.ready.vocab_size
+    if bad := [t for t in params.stop_token_ids if t >= vocab]:
+        raise APIError(
+            f"stop_token_ids: token ids must be in [0, {vocab}), got {bad[:5]}", param="stop_token_ids"
+        )
+    return params
 
 
 # --- responses -------------------------------------------------------------------------------------------
@@ -325,7 +331,9 @@ async def _respond(
             raise APIError(
                 str(e), 429, type="rate_limit_error", code="overloaded", headers={"Retry-After": "1"}
             ) from e
-        raise APIError(str(e), param="prompt" if "prompt" in str(e) else None) from e
+        if e.internal:
+            raise _internal_error(str(e)) from e
+        raise APIError(str(e), param=_param_of(str(e))) from e
     except EngineDeadError as e:
         raise APIError(str(e), 503, type="server_error", code="engine_dead") from e
     created = int(time.time())
@@ -338,6 +346,8 @@ async def _respond(
     logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
     try:
         async for delta in _deltas(state, raw, stream, len(prompt_ids)):
+            if delta.error is not None:
+                raise _internal_error(delta.error)
             text.append(delta.new_text)
             finish, num_output = delta.finish_reason, delta.num_output_tokens
             if logprobs is not None:
@@ -388,6 +398,9 @@ async def _stream_events(
     deltas = _deltas(state, raw, stream, num_prompt_tokens)
     try:
         async for delta in deltas:
+            if delta.error is not None:
+                yield _sse(_internal_error(delta.error).body())
+                break
             # One chunk per generated token, even when its text is held back (a partial character).
             chunk = fmt.chunk(request_id, created, delta, first)
             if req.continuous_usage:
@@ -404,6 +417,19 @@ async def _stream_events(
         with contextlib.suppress(Exception):
             await deltas.aclose()
     yield "data: [DONE]\n\n"
+
+
+def _internal_error(message: str) -> APIError:
+    """A 500 for a request the engine failed (a server bug); other requests are unaffected."""
+    return APIError(f"internal error: {message}", 500, type="internal_server_error", code="internal_error")
+
+
+def _param_of(message: str) -> str | None:
+    """The request field an engine rejection message names, if any."""
+    for param in ("stop_token_ids", "prompt"):
+        if param in message:
+            return param
+    return None
 
 
 def _sse(payload: dict) -> str:

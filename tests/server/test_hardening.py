@@ -1,0 +1,91 @@
+"""One request must never take the server down: regression tests through a live ``sarathi serve``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from sarathi.engine.sampler import FAULT_TOKEN_ENV
+from tests.server.conftest import ServerProcess, pid_alive
+
+FAULT_TOKEN_ID = 4321  # requests that list it in stop_token_ids raise inside the engine's sampler
+
+
+def _greedy(prompt: str, max_tokens: int = 12, **extra) -> dict:
+    return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, **extra}
+
+
+def _assert_openai_error(body: dict, status_type: str) -> None:
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["type"] == status_type
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_out_of_vocabulary_stop_token_id_is_a_400_and_the_engine_lives(server, stream):
+    """Issue: min_tokens >= 1 with a stop token id >= the vocabulary made the sampler raise IndexError and
+    killed the engine core for good."""
+    vocab = 49152
+    before = httpx.post(f"{server.url}/v1/completions", json=_greedy("The sky is"), timeout=120).json()
+    bad = _greedy("The sky is", min_tokens=1, stop_token_ids=[vocab + 5], stream=stream)
+    r = httpx.post(f"{server.url}/v1/completions", json=bad, timeout=120)
+    assert r.status_code == 400, r.text
+    _assert_openai_error(r.json(), "invalid_request_error")
+    assert r.json()["error"]["param"] == "stop_token_ids"
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+    after = httpx.post(f"{server.url}/v1/completions", json=_greedy("The sky is"), timeout=120).json()
+    assert after["choices"][0]["text"] == before["choices"][0]["text"]
+
+
+@pytest.fixture(scope="module")
+def faulty_server():
+    srv = ServerProcess("--num-kv-blocks", "1024", env={FAULT_TOKEN_ENV: str(FAULT_TOKEN_ID)})
+    yield srv
+    srv.stop()
+
+
+def test_a_request_that_raises_in_the_engine_fails_alone(faulty_server):
+    """Fault injection: while 8 streams run, two requests whose sampling raises (one streaming, one not)
+    get an OpenAI-style internal error; the 8 streams finish with the same tokens as when run alone."""
+    url = faulty_server.url
+    prompts = [f"Story {i}: once upon a time" for i in range(8)]
+    alone = [
+        httpx.post(f"{url}/v1/completions", json=_greedy(p, 20), timeout=120).json()["choices"][0]["text"]
+        for p in prompts
+    ]
+
+    async def stream(client: httpx.AsyncClient, body: dict) -> tuple[str, list[dict]]:
+        text, errors = [], []
+        async with client.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = httpx.Response(200, content=line.removeprefix("data: ")).json()
+                if "error" in event:
+                    errors.append(event)
+                else:
+                    text.append(event["choices"][0]["text"])
+        return "".join(text), errors
+
+    async def main():
+        async with httpx.AsyncClient(timeout=300) as client:
+            faulty = _greedy("Boom", 20, stop_token_ids=[FAULT_TOKEN_ID])
+            tasks = [stream(client, _greedy(p, 20)) for p in prompts]
+            tasks.append(stream(client, faulty))
+            tasks.append(client.post(f"{url}/v1/completions", json=faulty))
+            return await asyncio.gather(*tasks)
+
+    *streams, (faulty_text, faulty_errors), faulty_response = asyncio.run(main())
+    for (text, errors), expected in zip(streams, alone, strict=True):
+        assert errors == [] and text == expected
+    assert faulty_text == "" and len(faulty_errors) == 1
+    _assert_openai_error(faulty_errors[0], "internal_server_error")
+    assert "injected fault" in faulty_errors[0]["error"]["message"]
+    assert faulty_response.status_code == 500
+    _assert_openai_error(faulty_response.json(), "internal_server_error")
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    assert pid_alive(faulty_server.engine_core_pid)
+    m = faulty_server.metrics()
+    assert m["sarathi_kv_cache_blocks_used"] == 0 and m["sarathi_num_requests_running"] == 0
