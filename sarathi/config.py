@@ -13,6 +13,7 @@ DEFAULT_TOKEN_BUDGET = 64
 DEFAULT_MAX_NUM_SEQS = 128
 DEFAULT_KV_CACHE_MEMORY_GIB = 2.0
 DTYPES = ("float32", "bfloat16")
+EXECUTOR_BACKENDS = ("mp", "ray")
 
 
 @dataclass(frozen=True)
@@ -139,12 +140,53 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """How the model is split over worker processes (vLLM's names).
+
+    ``tensor_parallel_size`` ranks split every layer's heads and MLP columns; ``pipeline_parallel_size``
+    stages each hold a contiguous share of the layers, with up to that many micro-batches in flight.
+    ``distributed_executor_backend`` is 'mp' (worker processes on this machine) or 'ray' (Ray actors,
+    possibly on several nodes); None runs a single-rank model in the engine's own process and means 'mp'
+    for more than one rank.
+    """
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        backend = self.distributed_executor_backend
+        if backend is not None and backend not in EXECUTOR_BACKENDS:
+            raise ValueError(
+                f"unknown distributed_executor_backend {backend!r}; "
+                f"choose one of: {', '.join(EXECUTOR_BACKENDS)}"
+            )
+
+    @property
+    def world_size(self) -> int:
+        """Worker processes: tensor_parallel_size x pipeline_parallel_size."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def backend(self) -> str:
+        """The executor that runs the workers: 'uniproc' (in the engine's process), 'mp' or 'ray'."""
+        if self.distributed_executor_backend is not None:
+            return self.distributed_executor_backend
+        return "uniproc" if self.world_size == 1 else "mp"
+
+
+@dataclass(frozen=True)
 class EngineConfig:
-    """Everything the engine needs: model, KV cache and scheduler settings."""
+    """Everything the engine needs: model, KV cache, scheduler and parallelism settings."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
 def engine_config(
@@ -164,6 +206,9 @@ def engine_config(
     block_size: int = 16,
     num_kv_blocks: int | None = None,
     kv_cache_memory_gib: float | None = None,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    distributed_executor_backend: str | None = None,
 ) -> EngineConfig:
     """Build a validated EngineConfig from flat keyword arguments (the offline API and the CLI use this)."""
     return EngineConfig(
@@ -185,5 +230,10 @@ def engine_config(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             chunk_schedule=chunk_schedule,
+        ),
+        parallel=ParallelConfig(
+            tensor_parallel_size=tensor_parallel_size,
+            pipeline_parallel_size=pipeline_parallel_size,
+            distributed_executor_backend=distributed_executor_backend,
         ),
     )

@@ -2,8 +2,9 @@
 
 Each grid point builds a real ``Batch`` of synthetic sequences whose first ``context_len`` tokens already
 count as computed (their KV slots hold whatever the cache holds: only the timing matters, but the shapes,
-block tables and attention metadata are the real ones), and times ``engine.runner.execute(batch)`` plus
-greedy sampling of the returned logits, i.e. one engine iteration without the scheduler's bookkeeping.
+block tables and attention metadata are the real ones), and times ``engine.executor.execute(step)``: the
+model plus greedy sampling of the logits on the workers, i.e. one engine iteration without the scheduler's
+bookkeeping.
 
 A point (P, D, C) is ``D`` decodes, each over ``C`` cached tokens plus its one new token, and, if ``P > 0``,
 one prefill chunk of ``P`` tokens of a sequence whose first ``C`` tokens are cached (the chunk attends to
@@ -13,6 +14,7 @@ those and to itself). These are the measurements behind the paper's cost curves 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -156,21 +158,21 @@ def time_point(engine: LLMEngine, point: GridPoint, repeats: int = 5, warmup: in
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
     check_point(engine, point)
+    batch = _build_batch(engine, point)
     try:
-        batch = _build_batch(engine, point)
-        sampling = [e for e in batch.entries if e.samples]
-        params = [e.seq.sampling_params for e in sampling]
-        steps = [e.seq.num_output_tokens for e in sampling]
+        first = engine.step_builder.build(batch)
+        again = dataclasses.replace(first, new_requests=[], freed_request_ids=[])
         times: list[float] = []
         for i in range(warmup + repeats):
             start = time.perf_counter()
-            logits = engine.runner.execute(batch)
-            engine.sampler(logits, params, steps)
+            engine.executor.execute(first if i == 0 else again)
             elapsed = time.perf_counter() - start
             if i >= warmup:
                 times.append(elapsed)
         return times
     finally:
+        for entry in batch:
+            engine.step_builder.free(entry.seq.seq_id)
         _free(engine)
 
 

@@ -138,7 +138,8 @@ class EngineCoreClient:
                 self.max_waiting,
             ),
             name="sarathi-engine-core",
-            daemon=True,
+            # Not a daemon: it starts worker processes of its own. It exits when the API process goes.
+            daemon=False,
         )
         self._process.start()
         deadline = time.monotonic() + timeout_s

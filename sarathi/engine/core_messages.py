@@ -50,6 +50,7 @@ class EngineReady:
     vocab_size: int
     num_kv_blocks: int
     block_size: int
+    worker_pids: list[int] = field(default_factory=list)  # worker processes of the engine core, if any
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,7 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
     inputs.connect(input_address)
     outputs = context.socket(zmq.PUSH)
     outputs.connect(output_address)
+    engine = None
     try:
         engine = LLMEngine(config)
         outputs.send_pyobj(
@@ -145,6 +146,7 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
                 vocab_size=engine.arch.vocab_size,
                 num_kv_blocks=engine.num_kv_blocks,
                 block_size=engine.block_manager.block_size,
+                worker_pids=engine.executor.worker_pids,
             )
         )
         EngineCore(engine, inputs, outputs, max_waiting).run()
@@ -152,6 +154,8 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
         traceback.print_exc()
         outputs.send_pyobj(EngineFailed(f"{type(e).__name__}: {e}"))
     finally:
+        if engine is not None:
+            engine.shutdown()
         outputs.close(linger=1000)
         inputs.close(linger=0)
         context.term()

@@ -1,4 +1,4 @@
-"""The engine: requests in, one scheduled batch per step, tokens and finish status out."""
+"""The engine: requests in, scheduled micro-batches out to an executor, tokens and finish status back."""
 
 from __future__ import annotations
 
@@ -7,60 +7,62 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 
 from sarathi.config import DEFAULT_KV_CACHE_MEMORY_GIB, EngineConfig
+from sarathi.core.batch import Batch
 from sarathi.core.block_manager import BlockManager
 from sarathi.core.schedulers import make_scheduler
 from sarathi.core.sequence import Sequence, SequenceStatus
-from sarathi.engine.model_runner import ModelRunner
-from sarathi.engine.sampler import SampledToken, Sampler
-from sarathi.model import allocate_kv_cache, kv_cache_bytes_per_block, load_model
-from sarathi.outputs import IterationStats, RequestMetrics, RequestOutput, TokenLogprob
+from sarathi.engine.output_processor import OutputProcessor
+from sarathi.executor import WorkerFailedError, make_executor
+from sarathi.executor.messages import SampledToken, StageTiming
+from sarathi.executor.multiproc import shards_of
+from sarathi.executor.step_builder import StepBuilder
+from sarathi.model.kv_cache import kv_cache_bytes_per_block
+from sarathi.model.resolve import resolve_model
+from sarathi.outputs import IterationStats, RequestOutput
 from sarathi.sampling_params import SamplingParams
-from sarathi.tokenizer import IncrementalDetokenizer, Tokenizer
+from sarathi.tokenizer import Tokenizer
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _MAX_KEPT_STATS = 100_000
 logger = logging.getLogger(__name__)
 
 
-class LLMEngine:
-    """Owns the model, the paged KV cache, the scheduler and the sampler; ``step()`` runs one iteration.
+@dataclass
+class _InFlight:
+    batch: Batch
+    start: float
 
-    Bad requests raise ``ValueError`` from ``add_request`` and leave every other request untouched.
+
+class LLMEngine:
+    """Owns the scheduler, the KV block bookkeeping and an executor whose workers hold the model.
+
+    ``step()`` runs one iteration: it keeps up to ``pipeline_parallel_size`` micro-batches in flight
+    and returns the outputs of the oldest. Bad requests raise ``ValueError`` from ``add_request`` and
+    leave every other request untouched.
     """
 
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.config = config = config or EngineConfig()
         mc, cc = config.model, config.cache
-        self.dtype = _DTYPES[mc.dtype]
-        self.device = torch.device("cpu")
-        self.model, self.arch, tokenizer_dir = load_model(
-            mc.model,
-            load_format=mc.load_format,
-            dtype=self.dtype,
-            compute_dtype=_DTYPES[mc.compute_dtype],
-            hf_config=mc.hf_config,
-            seed=mc.seed,
-        )
-        self.tokenizer = Tokenizer(tokenizer_dir) if tokenizer_dir else None
+        resolved = resolve_model(mc.model, mc.load_format, mc.hf_config)
+        self.arch, self.tokenizer_dir = resolved.arch, resolved.tokenizer_dir
+        self.tokenizer = Tokenizer(self.tokenizer_dir) if self.tokenizer_dir else None
         self.max_model_len = self._resolve_max_model_len()
         self.num_kv_blocks = self._resolve_num_blocks()
-        self.kv_caches = allocate_kv_cache(
-            self.arch, self.num_kv_blocks, cc.block_size, self.dtype, self.device
-        )
+        self.eos_token_ids = self._eos_token_ids(self.tokenizer_dir)
         self.block_manager = BlockManager(self.num_kv_blocks, cc.block_size, cc.watermark)
         self.scheduler = make_scheduler(config.scheduler, self.block_manager, self.max_model_len)
-        self.runner = ModelRunner(self.model, self.kv_caches, self.block_manager, self.device)
-        self.tokenizer_dir = tokenizer_dir
-        self.eos_token_ids = self._eos_token_ids(tokenizer_dir)
-        self.sampler = Sampler(mc.seed, self.eos_token_ids)
+        self.executor = make_executor(config, self.num_kv_blocks, self.eos_token_ids)
+        self.step_builder = StepBuilder(self.block_manager)
+        self.outputs = OutputProcessor(self.tokenizer, self.scheduler)
         self.stats: collections.deque[IterationStats] = collections.deque(maxlen=_MAX_KEPT_STATS)
+        self.stage_timings: collections.deque[StageTiming] = collections.deque(maxlen=_MAX_KEPT_STATS)
         self._seqs: dict[str, Sequence] = {}
-        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
-        self._emitted_chars: dict[str, int] = {}
+        self._in_flight: collections.deque[_InFlight] = collections.deque()
         self._iteration = 0
 
     # --- setup -------------------------------------------------------------------------------------------
@@ -87,11 +89,17 @@ class LLMEngine:
         return tuple(dict.fromkeys(int(i) for i in ids))
 
     def _resolve_num_blocks(self) -> int:
+        """Blocks in the pool: ``num_kv_blocks``, or what the memory budget (per worker) holds on the
+        worker whose shard needs the most bytes per block."""
         cc = self.config.cache
         if cc.num_kv_blocks is not None:
             return cc.num_kv_blocks
         gib = DEFAULT_KV_CACHE_MEMORY_GIB if cc.kv_cache_memory_gib is None else cc.kv_cache_memory_gib
-        per_block = kv_cache_bytes_per_block(self.arch, cc.block_size, self.dtype)
+        dtype = getattr(torch, self.config.model.dtype)
+        per_block = max(
+            kv_cache_bytes_per_block(self.arch, cc.block_size, dtype, shard)
+            for shard in shards_of(self.config)
+        )
         num_blocks = int(gib * 2**30) // per_block
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory_gib={gib} is smaller than one KV block ({per_block} bytes)")
@@ -123,9 +131,7 @@ class LLMEngine:
         )
         self.scheduler.add_sequence(seq)
         self._seqs[request_id] = seq
-        if self.tokenizer is not None:
-            self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids)
-            self._emitted_chars[request_id] = 0
+        self.outputs.add_request(seq)
 
     def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -145,13 +151,14 @@ class LLMEngine:
         return token_ids
 
     def abort_request(self, request_id: str) -> None:
-        """Stop a request wherever it is; its KV blocks are freed. Unknown ids are ignored."""
+        """Stop a request wherever it is (also while in flight); its KV blocks are freed. Unknown ids
+        are ignored."""
         if request_id in self._seqs:
             self.scheduler.abort_sequence(request_id, time.monotonic())
             self._forget(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self._in_flight)
 
     @property
     def num_iterations(self) -> int:
@@ -166,39 +173,54 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one iteration; return an output for every request that got a token or finished.
 
-        A failure while processing one request finishes that request with ``finish_reason`` "error" and
-        leaves the others running; a failure of the whole batch (the model) fails that batch's requests.
+        Fills the pipeline with micro-batches, then completes the oldest. A failure while processing
+        one request finishes that request with ``finish_reason`` "error" and leaves the others running;
+        a failed step (the model raised) fails that step's requests. A dead or hung worker raises
+        ``WorkerFailedError``: the engine cannot go on.
         """
-        start = time.monotonic()
-        batch = self.scheduler.schedule(start)
-        if batch.is_empty:
+        while len(self._in_flight) < self.executor.max_in_flight:
+            start = time.monotonic()
+            batch = self.scheduler.schedule(start)
+            if batch.is_empty:
+                break
+            self.executor.submit(self.step_builder.build(batch))
+            self._in_flight.append(_InFlight(batch, start))
+        if not self._in_flight:
             return []
+        flight = self._in_flight.popleft()
+        batch = flight.batch
         sampling = [e for e in batch.entries if e.samples]
         try:
-            logits = self.runner.execute(batch)
-            params = [e.seq.sampling_params for e in sampling]
-            results = self.sampler.sample(logits, params, [e.seq.num_output_tokens for e in sampling])
+            results = self.executor.collect().sampled
+        except WorkerFailedError:
+            raise
         except Exception as e:
             logger.exception("iteration %d failed; failing its %d requests", self._iteration, len(batch))
             message = f"the model failed on this request's batch: {type(e).__name__}: {e}"
             sampling = batch.entries
             results = [SampledToken(None, error=message)] * len(sampling)
         end = time.monotonic()
-        outputs = [
-            self._fail(e.seq, r.error, end) for e, r in zip(sampling, results, strict=True) if r.error
-        ]
-        new_tokens = {e.seq.seq_id: r.token_id for e, r in zip(sampling, results, strict=True) if not r.error}
-        self.scheduler.finish_step(batch, new_tokens, end)
+        self.stage_timings.extend(self.executor.drain_timings())
+        outputs = []
         for e, r in zip(sampling, results, strict=True):
-            if r.error:
-                continue
+            if r.error and not e.seq.is_finished:
+                outputs.append(self._fail(e.seq, r.error, end))
+        new_tokens = {e.seq.seq_id: r.token_id for e, r in zip(sampling, results, strict=True) if not r.error}
+        live = [
+            (e, r) for e, r in zip(sampling, results, strict=True) if not r.error and not e.seq.is_finished
+        ]
+        for seq in self.scheduler.finish_step(batch, new_tokens, end):
+            self.step_builder.free(seq.seq_id)
+        for e, r in live:
             try:
-                outputs.append(self._emit(e.seq, r.token_id, end, r.logprob))
+                outputs.append(self.outputs.token_output(e.seq, r.token_id, end, r.logprob))
             except Exception as exc:
                 logger.exception("output processing of %s failed", e.seq.seq_id)
                 error = f"output processing failed: {type(exc).__name__}: {exc}"
                 outputs.append(self._fail(e.seq, error, end))
-        self._record_stats(batch, start, end)
+            if e.seq.is_finished:
+                self._forget(e.seq.seq_id)
+        self._record_stats(batch, flight.start, end)
         return outputs
 
     def _fail(self, seq: Sequence, error: str, now: float) -> RequestOutput:
@@ -207,74 +229,14 @@ class LLMEngine:
         if seq.status is not SequenceStatus.FINISHED_ERROR:  # it had just finished when its output failed
             seq.finish(SequenceStatus.FINISHED_ERROR, now)
         self._forget(seq.seq_id)
-        return RequestOutput(
-            request_id=seq.seq_id,
-            prompt_token_ids=seq.prompt_token_ids,
-            new_token_ids=[],
-            new_text="",
-            token_ids=list(seq.output_token_ids),
-            text="",
-            finished=True,
-            finish_reason=seq.status.finish_reason,
-            metrics=RequestMetrics.of(seq),
-            error=error,
-        )
-
-    def _emit(
-        self, seq: Sequence, token_id: int, now: float, logprob: TokenLogprob | None = None
-    ) -> RequestOutput:
-        detok = self._detokenizers.get(seq.seq_id)
-        new_text = text = ""
-        if detok is not None:
-            delta = detok.add([token_id])
-            if not seq.is_finished and seq.num_output_tokens > seq.sampling_params.min_tokens:
-                self._check_stop_strings(seq, detok, delta, now)
-            # Text that could still be the start of a stop string is held back until it is decided.
-            end = len(detok.text) if seq.is_finished else _stop_safe_end(detok.text, seq.sampling_params.stop)
-            start = self._emitted_chars[seq.seq_id]
-            text, new_text = detok.text[:end], detok.text[start:end]
-            self._emitted_chars[seq.seq_id] = max(start, end)
-        output = RequestOutput(
-            request_id=seq.seq_id,
-            prompt_token_ids=seq.prompt_token_ids,
-            new_token_ids=[token_id],
-            new_text=new_text,
-            token_ids=list(seq.output_token_ids),
-            text=text,
-            finished=seq.is_finished,
-            finish_reason=seq.status.finish_reason,
-            stop_reason=seq.stop_reason,
-            metrics=RequestMetrics.of(seq),
-            new_logprobs=None if logprob is None else [logprob],
-        )
-        if seq.is_finished:
-            self._forget(seq.seq_id)
-        return output
-
-    def _check_stop_strings(
-        self, seq: Sequence, detok: IncrementalDetokenizer, delta: str, now: float
-    ) -> None:
-        """Finish ``seq`` if its text now contains a stop string; the text is cut there."""
-        stops = seq.sampling_params.stop
-        if not stops or not delta:
-            return
-        text = detok.text
-        # Only the tail can hold a stop string that was not there before this delta.
-        search_from = max(0, len(text) - len(delta) - max(len(s) for s in stops) + 1)
-        hits = [(i, s) for s in stops if (i := text.find(s, search_from)) != -1]
-        if not hits:
-            return
-        index, stop = min(hits)
-        cut = index + len(stop) if seq.sampling_params.include_stop_str_in_output else index
-        detok.text = text[:cut]
-        self.scheduler.finish_sequence(seq, SequenceStatus.FINISHED_STOPPED, now, stop_reason=stop)
+        return self.outputs.error_output(seq, error)
 
     def _forget(self, request_id: str) -> None:
         self._seqs.pop(request_id, None)
-        self._detokenizers.pop(request_id, None)
-        self._emitted_chars.pop(request_id, None)
+        self.outputs.remove(request_id)
+        self.step_builder.free(request_id)
 
-    def _record_stats(self, batch, start: float, end: float) -> None:
+    def _record_stats(self, batch: Batch, start: float, end: float) -> None:
         self.stats.append(
             IterationStats(
                 iteration=self._iteration,
@@ -292,17 +254,6 @@ class LLMEngine:
         )
         self._iteration += 1
 
-
-def _stop_safe_end(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the prefix of ``text`` that no stop string can still claim.
-
-    A tail of ``text`` that is a proper prefix of a stop string may become that stop string with the next
-    tokens, so it is not streamed yet.
-    """
-    held = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), held, -1):
-            if text.endswith(stop[:n]):
-                held = n
-                break
-    return len(text) - held
+    def shutdown(self) -> None:
+        """Stop the executor's workers (worker processes or actors); safe to call twice."""
+        self.executor.shutdown()

@@ -8,6 +8,7 @@ from sarathi.config import (
     DEFAULT_MAX_NUM_SEQS,
     DEFAULT_TOKEN_BUDGET,
     DTYPES,
+    EXECUTOR_BACKENDS,
     SCHEDULER_NAMES,
     ChunkSchedule,
     EngineConfig,
@@ -48,6 +49,20 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     s.add_argument("--high-chunk-size", type=int, default=None, help="default: the token budget")
     s.add_argument("--chunk-schedule-stages", type=int, default=4)
     s.add_argument("--chunk-schedule-tokens-per-stage", type=int, default=512)
+
+    d = parser.add_argument_group("parallelism")
+    d.add_argument(
+        "--tensor-parallel-size", "-tp", type=int, default=1, help="worker processes splitting each layer"
+    )
+    d.add_argument(
+        "--pipeline-parallel-size", "-pp", type=int, default=1, help="pipeline stages (worker processes)"
+    )
+    d.add_argument(
+        "--distributed-executor-backend",
+        default=None,
+        choices=EXECUTOR_BACKENDS,
+        help="mp: worker processes on this machine (default for more than one rank); ray: Ray actors",
+    )
     return parser
 
 
@@ -76,4 +91,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         chunk_schedule=schedule,
+        tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        distributed_executor_backend=args.distributed_executor_backend,
     )

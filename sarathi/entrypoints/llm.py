@@ -27,11 +27,22 @@ class LLM:
         self, model: str | None = None, *, config: EngineConfig | None = None, **kwargs: Any
     ) -> None:
         """Keyword arguments are those of ``sarathi.config.engine_config`` (scheduler, token_budget, dtype,
-        max_num_seqs, num_kv_blocks, ...); or pass a ready ``config``."""
+        max_num_seqs, num_kv_blocks, tensor_parallel_size, pipeline_parallel_size,
+        distributed_executor_backend, ...); or pass a ready ``config``."""
         if config is not None and (model is not None or kwargs):
             raise ValueError("pass either config or model/keyword settings, not both")
         self.engine = LLMEngine(config or engine_config(model, **kwargs))
         self._ids = itertools.count()
+
+    def shutdown(self) -> None:
+        """Stop the engine's worker processes (if any); the LLM cannot generate afterwards."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
 
     def get_tokenizer(self) -> Tokenizer:
         if self.engine.tokenizer is None:

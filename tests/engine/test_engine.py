@@ -190,7 +190,7 @@ def test_a_request_whose_sampling_raises_fails_alone(llm, monkeypatch):
     engine = llm.engine
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     expected = llm.generate("The weather today is", params, use_tqdm=False)[0].token_ids
-    monkeypatch.setattr(engine.sampler, "_fault_token_id", 777)
+    monkeypatch.setattr(engine.executor.worker.sampler, "_fault_token_id", 777)
     engine.add_request("good", "The weather today is", params)
     engine.add_request("faulty", "The weather today is", SamplingParams(max_tokens=8, stop_token_ids=[777]))
     finished = _drain(engine)
@@ -240,7 +240,8 @@ def test_bf16_weights_halve_kv_memory_and_still_answer(compute_dtype):
     bf16 = LLM(dtype="bfloat16", compute_dtype=compute_dtype, kv_cache_memory_gib=budget, max_model_len=512)
     engine = bf16.engine
     assert engine.num_kv_blocks // 2 == fp32_blocks  # (budget // half a block: maybe one more)
-    assert all(t.dtype.is_floating_point and t.element_size() == 2 for kv in engine.kv_caches for t in kv)
-    assert engine.model.compute_dtype == getattr(torch, compute_dtype)
+    worker = engine.executor.worker
+    assert all(t.dtype.is_floating_point and t.element_size() == 2 for kv in worker.kv_caches for t in kv)
+    assert worker.model.compute_dtype == getattr(torch, compute_dtype)
     out = bf16.chat(QUESTION, SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)[0]
     assert "Paris" in out.text

@@ -36,6 +36,17 @@ CONFIGS = {
     "sarathi-preempt": dict(scheduler="sarathi", token_budget=64, num_kv_blocks=60),
     "vllm-preempt": dict(scheduler="vllm", num_kv_blocks=60),
 }
+# The same workload split over worker processes (torch.distributed, gloo on 127.0.0.1).
+PARALLEL_CONFIGS = {
+    "tp2-sarathi": dict(scheduler="sarathi", token_budget=64, tensor_parallel_size=2),
+    "tp2-vllm-preempt": dict(scheduler="vllm", num_kv_blocks=60, tensor_parallel_size=2),
+    "pp2-sarathi": dict(scheduler="sarathi", token_budget=64, pipeline_parallel_size=2),
+    "pp2-vllm": dict(scheduler="vllm", pipeline_parallel_size=2),
+    "pp2-sarathi-preempt": dict(
+        scheduler="sarathi", token_budget=64, num_kv_blocks=60, pipeline_parallel_size=2
+    ),
+    "pp2-vllm-preempt": dict(scheduler="vllm", num_kv_blocks=60, pipeline_parallel_size=2),
+}
 
 
 def _corpus() -> str:
@@ -111,18 +122,44 @@ def test_prompt_set_is_mixed(prompts):
     assert len(prompts) >= 32 and min(lengths) == 5 and max(lengths) == 600
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", list(CONFIGS) + list(PARALLEL_CONFIGS))
 def test_same_tokens_under_every_schedule(name, prompts, reference, hf_model):
-    llm = LLM(**CONFIGS[name])
-    outs = llm.generate(prompts, PARAMS, use_tqdm=False)
+    config = CONFIGS.get(name) or PARALLEL_CONFIGS[name]
+    with LLM(**config) as llm:
+        outs = llm.generate(prompts, PARAMS, use_tqdm=False)
+        stats = list(llm.engine.stats)
+        used_blocks = llm.engine.block_manager.num_used_blocks
     _check_same(prompts, reference, [o.token_ids for o in outs], hf_model, name)
-    stats = list(llm.engine.stats)
     if name.endswith("preempt"):
         assert sum(s.num_preempted for s in stats) > 0, "the small KV cache should have forced preemptions"
-    if name.startswith("sarathi"):
-        budget = CONFIGS[name]["token_budget"]
-        assert max(s.num_tokens for s in stats) <= budget
-    assert llm.engine.block_manager.num_used_blocks == 0
+    if config["scheduler"] == "sarathi":
+        assert max(s.num_tokens for s in stats) <= config["token_budget"]
+    assert used_blocks == 0
+
+
+@pytest.mark.parametrize("parallel", [dict(pipeline_parallel_size=2), dict(tensor_parallel_size=2)])
+def test_aborts_in_flight_spare_the_others(parallel, prompts, reference, hf_model):
+    """Every third request is aborted after a few iterations, some of them while in a micro-batch that
+    is still running; the others produce the reference tokens and every block comes back."""
+    with LLM(scheduler="sarathi", token_budget=64, **parallel) as llm:
+        engine = llm.engine
+        for i, p in enumerate(prompts):
+            engine.add_request(f"r{i}", p, PARAMS)
+        aborted = {f"r{i}" for i in range(0, len(prompts), 3)}
+        finished, steps = {}, 0
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    finished[out.request_id] = out.token_ids
+            steps += 1
+            if steps == 6:
+                for rid in aborted:
+                    engine.abort_request(rid)
+        assert engine.block_manager.num_used_blocks == 0
+    assert aborted.isdisjoint(finished) and len(finished) == len(prompts) - len(aborted)
+    kept = [i for i in range(len(prompts)) if f"r{i}" not in aborted]
+    got = [finished[f"r{i}"] for i in kept]
+    _check_same([prompts[i] for i in kept], [reference[i] for i in kept], got, hf_model, str(parallel))
 
 
 def test_reference_equals_hf_generate(prompts, reference, hf_model):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sarathi.engine.sampler import Sampler
 from sarathi.sampling_params import SamplingParams
+from sarathi.worker.sampler import Sampler
 
 
 @pytest.fixture

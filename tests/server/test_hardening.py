@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 
-from sarathi.engine.sampler import FAULT_TOKEN_ENV
+from sarathi.worker.sampler import FAULT_TOKEN_ENV
 from tests.server.conftest import ServerProcess, pid_alive
 
 FAULT_TOKEN_ID = 4321  # requests that list it in stop_token_ids raise inside the engine's sampler

@@ -99,6 +99,7 @@ async def _serve(args: argparse.Namespace, config) -> int:
         effective = {
             "served_model_name": name,
             "engine_core_pid": ready.pid,
+            "worker_pids": ready.worker_pids,
             "max_model_len": ready.max_model_len,
             "num_kv_blocks": ready.num_kv_blocks,
             "block_size": ready.block_size,

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 
+from sarathi.executor.messages import SampledToken
 from sarathi.outputs import TokenLogprob
 from sarathi.sampling_params import SamplingParams
 
@@ -15,15 +15,6 @@ _MASK64 = (1 << 63) - 1
 # Test-only fault injection: a request whose stop_token_ids contain this id makes sampling raise, so tests
 # can check that one failing request fails alone while the engine keeps serving the others.
 FAULT_TOKEN_ENV = "SARATHI_TEST_FAULT_TOKEN_ID"
-
-
-@dataclass(frozen=True)
-class SampledToken:
-    """One sampling row's result: a token (and its logprobs if asked), or why this row failed."""
-
-    token_id: int | None
-    logprob: TokenLogprob | None = None
-    error: str | None = None
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:

@@ -1,0 +1,84 @@
+"""What crosses the engine / worker boundary: plain, picklable data, never live ``Sequence`` objects.
+
+A request's prompt and sampling parameters go to the workers once (``NewRequest``); after that each step
+carries only what changed: the output tokens the workers have not seen, the new KV block ids, and which
+tokens to compute (``ScheduledRequest``). Workers keep their own copy of every request's tokens and block
+table. Pure Python (no torch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sarathi.outputs import TokenLogprob
+from sarathi.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    """A request the workers do not hold yet (first scheduled, or readmitted after a preemption)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """``num_tokens`` tokens of a request from position ``start``; ``samples``: produce its next token.
+
+    ``new_token_ids`` are output tokens sampled since the workers last saw the request and
+    ``new_block_ids`` blocks appended to its table since then.
+    """
+
+    request_id: str
+    start: int
+    num_tokens: int
+    samples: bool
+    new_token_ids: list[int] = field(default_factory=list)
+    new_block_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """One micro-batch for every worker. Workers drop ``freed_request_ids`` first, then add
+    ``new_requests``, then run ``scheduled`` in order (the flattened batch order)."""
+
+    step_id: int
+    new_requests: list[NewRequest]
+    scheduled: list[ScheduledRequest]
+    freed_request_ids: list[str]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    """One sampling row's result: a token (and its logprobs if asked), or why this row failed."""
+
+    token_id: int | None
+    logprob: TokenLogprob | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    """When one pipeline stage (its tensor-parallel rank 0) started and ended a step (monotonic clock)."""
+
+    step_id: int
+    stage: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """The last stage's answer to a step: one ``SampledToken`` per sampling entry, in batch order."""
+
+    step_id: int
+    sampled: list[SampledToken]
+    timings: list[StageTiming] = field(default_factory=list)

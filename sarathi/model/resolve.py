@@ -1,0 +1,49 @@
+"""Which checkpoint a model name means, its architecture and its tokenizer, without loading any weights.
+
+The engine needs the architecture (vocabulary, context length, KV size per block) and the tokenizer
+while the weights live in the workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sarathi.model.config import ModelArchConfig
+from sarathi.model.embedded import embedded_model_path, gguf_tokenizer_dir
+from sarathi.model.gguf_loader import GGUFCheckpoint
+from sarathi.model.safetensors_folder import has_tokenizer, read_config
+
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model reference made concrete: path (None for a config-only dummy model), format, arch, tokenizer."""
+
+    path: Path | None
+    load_format: str
+    arch: ModelArchConfig
+    tokenizer_dir: str | None
+
+
+def resolve_model(
+    model: str | None, load_format: str = "auto", hf_config: dict[str, Any] | None = None
+) -> ResolvedModel:
+    """model: an HF folder, a .gguf file, or None for the embedded SmolLM2 (or, with load_format 'dummy' and
+    ``hf_config``, no files at all). Raises ValueError / FileNotFoundError naming the problem."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"unknown load_format {load_format!r} (choose from {', '.join(LOAD_FORMATS)})")
+    if model is None and not (load_format == "dummy" and hf_config is not None):
+        model = embedded_model_path()
+    path = Path(model) if model is not None else None
+    if load_format == "auto":
+        load_format = "gguf" if path is not None and path.suffix == ".gguf" else "safetensors"
+    if load_format == "gguf":
+        return ResolvedModel(path, load_format, GGUFCheckpoint(path).arch, gguf_tokenizer_dir(path))
+    if path is not None and not path.is_dir():
+        raise FileNotFoundError(f"model folder not found: {path}")
+    tokenizer_dir = str(path) if path is not None and has_tokenizer(path) else None
+    arch = ModelArchConfig.from_hf_config(hf_config if hf_config is not None else read_config(path))
+    return ResolvedModel(path, load_format, arch, tokenizer_dir)

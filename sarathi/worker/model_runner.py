@@ -1,0 +1,90 @@
+"""Turns a step's scheduled requests into flat tensors and runs the model: where Python becomes tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sarathi.executor.messages import StepInput
+from sarathi.model import SeqSlice, build_attention_metadata
+from sarathi.model.attention import AttentionMetadata
+
+
+@dataclass
+class RequestState:
+    """A worker's own copy of one request: every token it knows and its KV block table."""
+
+    token_ids: list[int]
+    num_output_tokens: int
+    sampling_params: object
+    block_ids: list[int]
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """The flattened batch: token ids, positions, attention metadata and the rows that need logits."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    metadata: AttentionMetadata
+    logits_indices: torch.Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.numel()
+
+
+class ModelRunner:
+    """Runs one step's tokens through the model (or this rank's shard of it) over the paged KV cache."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        block_size: int,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.device = torch.device(device)
+
+    def prepare(self, step: StepInput, requests: dict[str, RequestState]) -> ModelInputs:
+        """Flatten the step (no padding between requests) and map every new token to its KV slot."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slices: list[SeqSlice] = []
+        logits_indices: list[int] = []
+        for s in step.scheduled:
+            state = requests[s.request_id]
+            end = s.start + s.num_tokens
+            if end > len(state.token_ids):
+                raise ValueError(
+                    f"step {step.step_id}: {s.request_id!r} scheduled up to token {end}, "
+                    f"but the worker knows {len(state.token_ids)}"
+                )
+            input_ids.extend(state.token_ids[s.start : end])
+            positions.extend(range(s.start, end))
+            slices.append(SeqSlice(state.block_ids, s.start, s.num_tokens))
+            if s.samples:
+                logits_indices.append(len(input_ids) - 1)
+        metadata = build_attention_metadata(slices, self.block_size, device=self.device)
+        return ModelInputs(
+            torch.tensor(input_ids, dtype=torch.long, device=self.device),
+            torch.tensor(positions, dtype=torch.long, device=self.device),
+            metadata,
+            torch.tensor(logits_indices, dtype=torch.long, device=self.device),
+        )
+
+    @torch.inference_mode()
+    def run(self, inputs: ModelInputs, hidden_states: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 logits of the sampling rows (last stage), else the hidden states for the next stage."""
+        return self.model(
+            inputs.input_ids,
+            inputs.positions,
+            inputs.metadata,
+            self.kv_caches,
+            inputs.logits_indices,
+            hidden_states=hidden_states,
+        )

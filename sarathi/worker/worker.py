@@ -1,0 +1,92 @@
+"""A worker: one rank's shard of the model, the KV cache of its layers and heads, and its request state.
+
+The same class runs in the engine's process (one rank), in a worker process (``mp``) or in a Ray actor.
+It only ever sees plain ``StepInput`` data; the last pipeline stage samples, where the logits are.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from sarathi.config import EngineConfig
+from sarathi.executor.messages import StageTiming, StepInput, StepOutput
+from sarathi.model import allocate_kv_cache, load_model
+from sarathi.model.parallel import WHOLE_MODEL, ParallelContext, ShardSpec, TensorParallelGroup
+from sarathi.worker.model_runner import ModelRunner, RequestState
+from sarathi.worker.sampler import Sampler
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class Worker:
+    """Executes steps on this rank: updates its request state, runs its layers, samples on the last stage."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        num_kv_blocks: int,
+        eos_token_ids: tuple[int, ...],
+        shard: ShardSpec = WHOLE_MODEL,
+        context: ParallelContext | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        mc = config.model
+        self.shard = shard
+        self.context = context or ParallelContext(shard, TensorParallelGroup())
+        self.dtype = TORCH_DTYPES[mc.dtype]
+        self.model, self.arch, _ = load_model(
+            mc.model,
+            load_format=mc.load_format,
+            dtype=self.dtype,
+            compute_dtype=TORCH_DTYPES[mc.compute_dtype],
+            hf_config=mc.hf_config,
+            seed=mc.seed,
+            shard=shard,
+            tp_group=self.context.tp_group,
+        )
+        block_size = config.cache.block_size
+        self.kv_caches = allocate_kv_cache(self.arch, num_kv_blocks, block_size, self.dtype, device, shard)
+        self.runner = ModelRunner(self.model, self.kv_caches, block_size, device)
+        self.sampler = Sampler(mc.seed, eos_token_ids) if shard.is_last_stage else None
+        self.requests: dict[str, RequestState] = {}
+
+    def execute(self, step: StepInput) -> tuple[StepOutput | None, StageTiming]:
+        """Run this rank's part of ``step``; the last stage returns the sampled tokens."""
+        start = time.monotonic()
+        self._update_requests(step)
+        inputs = self.runner.prepare(step, self.requests)
+        hidden = None
+        if not self.shard.is_first_stage:
+            hidden = self.context.recv_from_prev_stage(
+                (inputs.num_tokens, self.arch.hidden_size), torch.float32
+            )
+            start = time.monotonic()  # waiting for the previous stage is a bubble, not work
+        out = self.runner.run(inputs, hidden)
+        if not self.shard.is_last_stage:
+            self.context.send_to_next_stage(out)
+            return None, StageTiming(step.step_id, self.shard.pp_rank, start, time.monotonic())
+        sampling = [s for s in step.scheduled if s.samples]
+        states = [self.requests[s.request_id] for s in sampling]
+        sampled = self.sampler.sample(
+            out, [r.sampling_params for r in states], [r.num_output_tokens for r in states]
+        )
+        timing = StageTiming(step.step_id, self.shard.pp_rank, start, time.monotonic())
+        return StepOutput(step.step_id, sampled, [timing]), timing
+
+    def _update_requests(self, step: StepInput) -> None:
+        for request_id in step.freed_request_ids:
+            self.requests.pop(request_id, None)
+        for r in step.new_requests:
+            self.requests[r.request_id] = RequestState(
+                r.prompt_token_ids + r.output_token_ids,
+                len(r.output_token_ids),
+                r.sampling_params,
+                r.block_ids,
+            )
+        for s in step.scheduled:
+            state = self.requests[s.request_id]
+            state.token_ids.extend(s.new_token_ids)
+            state.num_output_tokens += len(s.new_token_ids)
+            state.block_ids.extend(s.new_block_ids)
