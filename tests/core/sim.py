@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 
 from sarathi.config import SchedulerConfig
@@ -45,11 +46,64 @@ def build(
     return make_scheduler(SchedulerConfig(name=name, **config), bm, max_model_len)
 
 
+def fake_tokens(batch: Batch) -> dict[str, int]:
+    """What the fake model samples for ``batch``."""
+    return {e.seq.seq_id: FAKE_TOKEN for e in batch if e.samples}
+
+
 def step(sched: Scheduler, now: float = 0.0) -> tuple[Batch, list[Sequence]]:
     """One iteration with the fake model: schedule, 'run' and account."""
     batch = sched.schedule(now)
-    finished = sched.finish_step(batch, {e.seq.seq_id: FAKE_TOKEN for e in batch if e.samples}, now)
+    finished = sched.finish_step(batch, fake_tokens(batch), now)
     return batch, finished
+
+
+class Pipeline:
+    """Pipeline parallelism with the fake model: batches stay in flight until finished, oldest first."""
+
+    def __init__(self, sched: Scheduler, depth: int) -> None:
+        self.sched = sched
+        self.depth = depth
+        self.in_flight: collections.deque[Batch] = collections.deque()
+
+    def schedule(self, now: float = 0.0) -> Batch:
+        """One ``schedule`` call; a non-empty batch joins the in-flight ones."""
+        batch = self.sched.schedule(now)
+        if not batch.is_empty:
+            self.in_flight.append(batch)
+        return batch
+
+    def fill(self, now: float = 0.0) -> list[Batch]:
+        """Schedule until ``depth`` batches are in flight or one comes back empty; return what came back."""
+        batches = []
+        while len(self.in_flight) < self.depth:
+            batches.append(self.schedule(now))
+            if batches[-1].is_empty:
+                break
+        return batches
+
+    def finish_oldest(self, now: float = 0.0) -> list[Sequence]:
+        """``finish_step`` of the oldest in-flight batch with the fake model's tokens."""
+        batch = self.in_flight.popleft()
+        return self.sched.finish_step(batch, fake_tokens(batch), now)
+
+    def check(self) -> None:
+        """The scheduler's in-flight view matches this pipeline's, and in-flight sequences keep their KV."""
+        sched = self.sched
+        assert sched.num_in_flight_batches == len(self.in_flight)
+        entries = [e for b in self.in_flight for e in b]
+        ids = [e.seq.seq_id for e in entries]
+        assert len(ids) == len(set(ids)), "a sequence is in two in-flight batches"
+        for entry in entries:
+            seq = entry.seq
+            assert sched.is_in_flight(seq)
+            if not seq.is_finished:  # an aborted one has already given its blocks back
+                assert seq in sched.running and seq.status is SequenceStatus.RUNNING
+                assert seq.num_computed_tokens == entry.start, "an in-flight sequence was preempted"
+                assert sched.block_manager.num_slots(seq.seq_id) >= entry.end
+        in_flight = {e.seq for e in entries}
+        for seq in sched.running:
+            assert sched.is_in_flight(seq) == (seq in in_flight)
 
 
 def prefill_chunks(batch: Batch) -> list[tuple[str, int]]:
@@ -107,6 +161,30 @@ class RunResult:
     aborted: set[int] = field(default_factory=set)
     batches: list[Batch] = field(default_factory=list)
     num_preemptions: int = 0
+    num_waits: int = 0  # decodes left out of a batch because only in-flight sequences held the blocks
+    num_in_flight_aborts: int = 0
+    max_in_flight: int = 0
+
+
+@dataclass(frozen=True)
+class Before:
+    """The scheduler's state just before a ``schedule`` call (sequences by id)."""
+
+    running: list[str]
+    in_flight: set[str]  # running sequences in in-flight batches
+    decoding: list[str]  # running decodes not in flight: the ones a batch may hold
+    had_work: bool
+    num_in_flight_batches: int
+
+    @classmethod
+    def of(cls, sched: Scheduler) -> Before:
+        return cls(
+            running=[s.seq_id for s in sched.running],
+            in_flight={s.seq_id for s in sched.running if sched.is_in_flight(s)},
+            decoding=[s.seq_id for s in sched.running if not s.is_prefill and not sched.is_in_flight(s)],
+            had_work=sched.has_unfinished(),
+            num_in_flight_batches=sched.num_in_flight_batches,
+        )
 
 
 class PolicyChecker:
@@ -116,15 +194,35 @@ class PolicyChecker:
         self.sched = sched
         self.last_was_prefill = False
         self.recompute_target: dict[str, int] = {}  # preempted seq -> tokens its recompute must cover
+        self.num_waits = 0  # decodes left out because only in-flight sequences could give them a block
 
-    def check(
-        self, batch: Batch, running_before: list[str], decoding_before: list[str], had_work: bool
-    ) -> None:
-        """``running_before`` / ``decoding_before``: ids running / decoding when ``batch`` was scheduled."""
+    def _waits(self, seq_id: str, before: Before) -> bool:
+        """Whether a running decode left out of the batch waits for blocks held by in-flight sequences.
+
+        It must have no room for its next token while every running sequence newer than it was in flight
+        (the not-in-flight ones would have been preempted first).
+        """
+        running = self.sched.running
+        seq = next((s for s in running if s.seq_id == seq_id), None)
+        if seq is None:
+            return False
+        newer = running[running.index(seq) + 1 :]
+        return (
+            bool(newer)
+            and all(s.seq_id in before.in_flight for s in newer)
+            and not self.sched.block_manager.can_append_slots(seq_id, seq.num_computed_tokens + 1)
+        )
+
+    def check(self, batch: Batch, before: Before) -> None:
         sched, cfg = self.sched, self.sched.config
+        running_before, decoding_before = before.running, before.decoding
         ids = batch.seq_ids
         assert len(ids) == len(set(ids)), "a sequence appears twice in one batch"
-        assert not had_work or not batch.is_empty, "work left but nothing scheduled (deadlock)"
+        assert not set(ids) & before.in_flight, "an in-flight sequence was scheduled again"
+        nothing_in_flight = before.num_in_flight_batches == 0
+        assert not (before.had_work and nothing_in_flight) or not batch.is_empty, (
+            "work left, nothing in flight, but nothing scheduled (deadlock)"
+        )
         cap = cfg.max_num_seqs
         if cfg.name in ("sarathi", "simple_chunking"):
             cap = min(cap, cfg.token_budget)  # so that all running decodes fit one iteration
@@ -139,6 +237,7 @@ class PolicyChecker:
             if not entry.is_prefill:
                 assert entry.num_tokens == 1
         for seq in batch.preempted:
+            assert seq.seq_id not in before.in_flight, "an in-flight sequence was preempted"
             assert seq.num_computed_tokens == 0 and seq.seq_id not in ids
             assert seq.status is SequenceStatus.PREEMPTED and seq in sched.waiting
             self.recompute_target[seq.seq_id] = seq.num_tokens
@@ -155,47 +254,66 @@ class PolicyChecker:
 
         prefills = [e for e in batch if e.is_prefill]
         decodes = {e.seq.seq_id for e in batch if not e.is_prefill}
-        all_decodes_in = all(s in decodes or s in preempted for s in decoding_before)
+        left_out = [s for s in decoding_before if s not in decodes and s not in preempted]
+        waits = {s for s in left_out if self._waits(s, before)}
+        assert not waits or not nothing_in_flight
+        all_decodes_in = all(s in decodes or s in preempted or s in waits for s in decoding_before)
         whole = all(e.start == 0 and e.samples for e in prefills)
         if cfg.name in ("sarathi", "simple_chunking"):
             assert batch.num_tokens <= cfg.token_budget
             if cfg.chunk_schedule is not None:
                 assert all(e.num_tokens <= cfg.chunk_schedule.chunk_size(e.start) for e in prefills)
+        elif prefills:
+            assert batch.num_tokens <= sched.max_num_batched_tokens
+        else:
+            assert batch.num_tokens <= cfg.max_num_seqs  # one token per running decode
         if cfg.name == "sarathi":
             assert all_decodes_in, "sarathi left out a running decode"
+            self.num_waits += len(waits)
         elif cfg.name == "vllm":
             assert whole and (not prefills or not decodes)
             if not prefills:
                 assert all_decodes_in
+                self.num_waits += len(waits)
         elif cfg.name == "orca":
-            assert whole and all_decodes_in and not batch.preempted
+            assert whole and all_decodes_in and not batch.preempted and not waits
             assert not prefills or batch.num_tokens <= sched.max_num_batched_tokens
         elif cfg.name == "faster_transformer":
             assert whole and not batch.preempted and (not prefills or not decodes)
             if prefills:
                 assert not running_before, "faster_transformer admitted while a batch was still running"
+                assert nothing_in_flight, "faster_transformer admitted while a batch was in flight"
             else:
-                assert set(running_before) == decodes
+                assert set(running_before) - before.in_flight == decodes
         elif cfg.name == "simple_chunking":
             assert not (prefills and decodes), "simple_chunking mixed prefills and decodes"
-            if self.last_was_prefill and decoding_before and not all(s in preempted for s in decoding_before):
+            blocked = preempted | waits
+            if self.last_was_prefill and decoding_before and not all(s in blocked for s in decoding_before):
                 assert not prefills, "simple_chunking ran two prefill iterations while sequences decode"
             if not prefills:
                 assert all_decodes_in
-            self.last_was_prefill = bool(prefills)
+            self.num_waits += len(waits)
+            if not batch.is_empty:  # everything in flight: the turn does not pass
+                self.last_was_prefill = bool(prefills)
 
 
 def run_workload(
-    sched: Scheduler, requests: list[Request], aborts: list[Abort], max_steps: int = 20_000
+    sched: Scheduler, requests: list[Request], aborts: list[Abort], max_steps: int = 20_000, depth: int = 1
 ) -> RunResult:
-    """Drive ``sched`` to completion with the fake model, checking every invariant at every step."""
+    """Drive ``sched`` to completion with the fake model, checking every invariant at every step.
+
+    A step schedules until ``depth`` batches are in flight (pipeline parallelism; 1 is the plain
+    schedule-then-finish loop) or a batch comes back empty, then finishes the oldest in-flight batch.
+    Mid-step aborts come after the scheduling, so they hit sequences in flight as well as waiting ones.
+    """
     result = RunResult(sched)
     checker = PolicyChecker(sched)
+    pipeline = Pipeline(sched, depth)
     max_model_len = sched.max_model_len
     pending = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_step, i))
     outputs_seen: dict[str, int] = {}
     step_no = 0
-    while pending or sched.has_unfinished():
+    while pending or sched.has_unfinished() or pipeline.in_flight:
         assert step_no < max_steps, "no progress: the scheduler livelocked"
         now = float(step_no)
         while pending and requests[pending[0]].arrival_step <= step_no:
@@ -216,32 +334,45 @@ def run_workload(
             for a in aborts:
                 seq = result.seqs.get(a.request)
                 if a.step == step_no and a.mid_step == mid and seq is not None and not seq.is_finished:
+                    in_flight = sched.is_in_flight(seq)
                     assert sched.abort_sequence(seq.seq_id, now) is seq
                     assert seq.status is SequenceStatus.FINISHED_ABORTED
+                    assert not sched.block_manager.has_blocks(seq.seq_id), "abort kept the blocks"
                     result.aborted.add(a.request)
+                    result.num_in_flight_aborts += in_flight
 
         do_aborts(mid=False)
         check_blocks(sched)
-        running_before = [s.seq_id for s in sched.running]
-        decoding_before = [s.seq_id for s in sched.running if not s.is_prefill]
-        had_work = sched.has_unfinished()
-        batch = sched.schedule(now)
-        checker.check(batch, running_before, decoding_before, had_work)
-        check_blocks(sched)
-        result.num_preemptions += len(batch.preempted)
-        result.batches.append(batch)
+        pipeline.check()
+        while len(pipeline.in_flight) < depth:
+            before = Before.of(sched)
+            batch = pipeline.schedule(now)
+            checker.check(batch, before)
+            check_blocks(sched)
+            pipeline.check()
+            result.num_preemptions += len(batch.preempted)
+            result.batches.append(batch)
+            result.max_in_flight = max(result.max_in_flight, len(pipeline.in_flight))
+            if batch.is_empty:
+                break
         do_aborts(mid=True)
-        tokens = {e.seq.seq_id: FAKE_TOKEN for e in batch if e.samples}
-        finished = sched.finish_step(batch, tokens, now)
-        for seq in finished:
-            assert seq.is_finished and seq not in sched.running
-            assert not sched.block_manager.has_blocks(seq.seq_id)
+        pipeline.check()
+        if pipeline.in_flight:
+            oldest = pipeline.in_flight[0]
+            finished = pipeline.finish_oldest(now)
+            for seq in finished:
+                assert seq.is_finished and seq not in sched.running
+                assert not sched.block_manager.has_blocks(seq.seq_id)
+            assert not any(sched.is_in_flight(e.seq) for e in oldest)
         for seq in result.seqs.values():
             assert seq.num_output_tokens >= outputs_seen.get(seq.seq_id, 0), "outputs were lost"
             outputs_seen[seq.seq_id] = seq.num_output_tokens
         check_blocks(sched)
+        pipeline.check()
         step_no += 1
 
+    result.num_waits = checker.num_waits
+    assert sched.num_in_flight_batches == 0
     bm = sched.block_manager
     assert bm.num_free_blocks == bm.num_blocks and not bm.seq_ids, "blocks leaked"
     for i, seq in result.seqs.items():

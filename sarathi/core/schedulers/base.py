@@ -2,6 +2,10 @@
 
 A policy only decides which sequences get how many tokens in the next iteration (``_schedule``); the
 helpers here keep the queues, the block manager and the sequences consistent while it does.
+
+Pipeline parallelism: ``schedule`` may be called again before the earlier batches' ``finish_step`` (which
+must come in the order the batches were scheduled). A sequence in such an in-flight batch is skipped by
+every policy and is never a preemption victim until its batch finishes: its next token depends on it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,11 @@ class Scheduler(ABC):
 
     ``waiting`` is first-come-first-served, with preempted sequences at its front (in arrival order);
     ``running`` holds the sequences that own KV blocks, in arrival order. Preemption is by recompute and
-    always picks the latest-arrived running sequence.
+    always picks the latest-arrived running sequence that is not in flight.
+
+    A non-empty batch is in flight from ``schedule`` until its ``finish_step``, and any number of batches
+    may be in flight at once (one per pipeline stage). An empty batch is never in flight and needs no
+    ``finish_step``.
     """
 
     #: Policies that split prompts into chunks under ``token_budget`` (sarathi, simple_chunking). The
@@ -41,6 +49,9 @@ class Scheduler(ABC):
         self.running: list[Sequence] = []
         self._arrival_rank: dict[str, int] = {}
         self._ranks = itertools.count()
+        # By identity, not id: an aborted request's id may come back as a new request while its batch runs.
+        self._in_flight: set[Sequence] = set()
+        self._in_flight_batches: collections.deque[Batch] = collections.deque()
 
     @property
     def max_running(self) -> int:
@@ -62,7 +73,17 @@ class Scheduler(ABC):
     def num_running(self) -> int:
         return len(self.running)
 
+    @property
+    def num_in_flight_batches(self) -> int:
+        """Batches scheduled whose ``finish_step`` has not come yet."""
+        return len(self._in_flight_batches)
+
+    def is_in_flight(self, seq: Sequence) -> bool:
+        """Whether ``seq`` is in a batch whose ``finish_step`` has not come yet (it may be aborted since)."""
+        return seq in self._in_flight
+
     def has_unfinished(self) -> bool:
+        """Whether any request is waiting or running (in-flight batches of aborted ones do not count)."""
         return bool(self.waiting or self.running)
 
     # --- requests ----------------------------------------------------------------------------------------
@@ -98,11 +119,18 @@ class Scheduler(ABC):
 
     # --- one iteration -----------------------------------------------------------------------------------
     def schedule(self, now: float) -> Batch:
-        """Pick the next iteration's batch; blocks for every scheduled token are reserved on return."""
+        """Pick the next iteration's batch; blocks for every scheduled token are reserved on return.
+
+        Sequences in in-flight batches are left out, so the batch may be empty even with work left; a
+        non-empty batch is in flight until its ``finish_step``.
+        """
         batch = Batch()
         self._schedule(batch)
         for entry in batch:
             entry.seq.mark_scheduled(now)
+            self._in_flight.add(entry.seq)
+        if not batch.is_empty:
+            self._in_flight_batches.append(batch)
         return batch
 
     @abstractmethod
@@ -110,7 +138,20 @@ class Scheduler(ABC):
         """Fill ``batch`` using the helpers below."""
 
     def finish_step(self, batch: Batch, new_token_ids: Mapping[str, int], now: float) -> list[Sequence]:
-        """Account for a batch the model has run; return the sequences that finished in it."""
+        """Account for a batch the model has run; return the sequences that finished in it.
+
+        Batches must finish in the order they were scheduled; an empty batch is a no-op.
+        """
+        if batch.is_empty:
+            return []
+        if not self._in_flight_batches or self._in_flight_batches[0] is not batch:
+            raise RuntimeError(
+                "stale batch: it is not the oldest in-flight batch (finished twice, out of order, "
+                "or not scheduled here)"
+            )
+        self._in_flight_batches.popleft()
+        for entry in batch:
+            self._in_flight.discard(entry.seq)
         finished = []
         for entry in batch:
             seq = entry.seq
@@ -194,11 +235,15 @@ class Scheduler(ABC):
     def _reserve_decode_slot(self, seq: Sequence, batch: Batch) -> bool:
         """Grow ``seq``'s table by its next token, preempting the newest running sequences until it fits.
 
-        Returns False if ``seq`` itself was the newest and got preempted.
+        In-flight sequences are never victims. Returns False if ``seq`` is not to be scheduled: it was
+        itself the newest running sequence and got preempted, or every newer one is in flight (it waits:
+        they become victims once their batches finish).
         """
         need = seq.num_computed_tokens + 1
         while not self.block_manager.can_append_slots(seq.seq_id, need):
-            victim = self.running[-1]
+            victim = next(s for s in reversed(self.running) if s not in self._in_flight)
+            if victim is seq and seq is not self.running[-1]:
+                return False
             self._preempt(victim, batch)
             if victim is seq:
                 return False
@@ -206,11 +251,11 @@ class Scheduler(ABC):
         return True
 
     def _schedule_decodes(self, batch: Batch) -> None:
-        """Add one token of every running decode, oldest first.
+        """Add one token of every running decode that is not in flight, oldest first.
 
         Victims come from the newest end of ``running``, so a sequence already added here never is one.
         """
-        for seq in [s for s in self.running if not s.is_prefill]:
+        for seq in [s for s in self.running if not s.is_prefill and s not in self._in_flight]:
             if seq.status is SequenceStatus.PREEMPTED:  # the victim of an older decode
                 continue
             if self._reserve_decode_slot(seq, batch):
@@ -243,12 +288,13 @@ class Scheduler(ABC):
         return max(0, min(seq.num_uncomputed_tokens, budget - batch.num_tokens))
 
     def _schedule_prefill_chunks(self, batch: Batch) -> None:
-        """Add the next chunk of each running partial prefill, then admit new or preempted requests FCFS.
+        """Add the next chunk of each running partial prefill not in flight, then admit requests FCFS.
 
-        Admission reserves KV for all of a request's current tokens, so its later chunks never need memory.
+        Admission (of new or preempted requests) reserves KV for all of a request's current tokens, so
+        its later chunks never need memory.
         """
         for seq in self.running:
-            if seq.is_prefill and (n := self._chunk_size(seq, batch)) > 0:
+            if seq.is_prefill and seq not in self._in_flight and (n := self._chunk_size(seq, batch)) > 0:
                 batch.add(seq, n)
         while self.waiting:
             seq = self.waiting[0]

@@ -10,6 +10,7 @@ class OrcaScheduler(Scheduler):
     """All running decodes plus whole new prompts FCFS, up to ``max_num_batched_tokens`` in total.
 
     Admission reserves KV for a request's maximum length, so running decodes never need preemption.
+    With pipelining, the decodes are those not in flight.
     """
 
     def _schedule(self, batch: Batch) -> None:

@@ -14,6 +14,9 @@ class SarathiScheduler(Scheduler):
     FCFS while KV blocks for their whole prompt (or recompute) can be reserved. No running decode is ever
     left out, so ongoing generations never stall behind a long prompt, and an iteration never exceeds
     ``token_budget`` (the running set is capped at ``min(max_num_seqs, token_budget)``).
+
+    With pipelining, (1) and (2) cover the sequences not in flight; a decode is left out of a micro-batch
+    only while the blocks it needs can come from nothing but in-flight sequences newer than it.
     """
 
     chunked_prefills = True

@@ -15,6 +15,10 @@ class SimpleChunkingScheduler(Scheduler):
     any to run, else decode. A decode turn whose decodes were all preempted runs prefill chunks instead.
     Chunks and admission work as in sarathi (same budget, chunk schedule and running cap); only the
     mixing of decodes and prefills in one iteration is missing.
+
+    With pipelining only sequences not in flight count: a decode turn needs a decode that is not in
+    flight, one whose decodes all wait for blocks held by in-flight sequences runs prefill chunks (as if
+    they were preempted), and an empty micro-batch (everything in flight) does not change whose turn it is.
     """
 
     chunked_prefills = True
@@ -24,7 +28,9 @@ class SimpleChunkingScheduler(Scheduler):
         self._last_was_prefill = False
 
     def _schedule(self, batch: Batch) -> None:
-        decode_turn = self._last_was_prefill and any(not s.is_prefill for s in self.running)
+        decode_turn = self._last_was_prefill and any(
+            not s.is_prefill and not self.is_in_flight(s) for s in self.running
+        )
         if decode_turn:
             self._schedule_decodes(batch)
         # Also reached when a decode turn preempted every decode (the newest may preempt itself while
@@ -33,4 +39,5 @@ class SimpleChunkingScheduler(Scheduler):
             self._schedule_prefill_chunks(batch)
         if batch.is_empty and not decode_turn:
             self._schedule_decodes(batch)
-        self._last_was_prefill = batch.num_prefill_tokens > 0
+        if not batch.is_empty:
+            self._last_was_prefill = batch.num_prefill_tokens > 0

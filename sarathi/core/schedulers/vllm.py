@@ -9,7 +9,8 @@ from sarathi.core.schedulers.base import Scheduler
 class VLLMScheduler(Scheduler):
     """Admit as many whole waiting prompts as fit and run them alone; otherwise run all decodes.
 
-    Prefill-only iterations pause every ongoing decode (a generation stall) while new prompts run.
+    Prefill-only iterations pause every ongoing decode (a generation stall) while new prompts run. With
+    pipelining the choice is made per micro-batch, and the decode batch holds the decodes not in flight.
     """
 
     def _schedule(self, batch: Batch) -> None:
