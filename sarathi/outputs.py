@@ -90,6 +90,7 @@ class IterationStats:
     num_waiting: int = 0
     num_used_blocks: int = 0
     seq_ids: tuple[str, ...] = field(default=(), repr=False)
+    step_id: int = -1  # the StepInput that ran this iteration (matches the workers' StageTimings)
 
     @property
     def num_tokens(self) -> int:

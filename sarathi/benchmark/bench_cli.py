@@ -159,19 +159,34 @@ def run_one_in_process(
     from sarathi.benchmark.runner import run_in_process, warm_up
     from sarathi.engine.llm_engine import LLMEngine
 
-    engine = engine if engine is not None else LLMEngine(engine_config)
-    requests = generate_workload(workload, TokenSpace.of_engine(engine))
-    warm_up(engine, requests[0].prompt_token_ids[:32])
-    store = run_in_process(engine, requests, progress=progress, desc=config.label)
+    owned = engine is None
+    engine = LLMEngine(engine_config) if owned else engine
+    try:
+        requests = generate_workload(workload, TokenSpace.of_engine(engine))
+        warm_up(engine, requests[0].prompt_token_ids[:32])
+        store = run_in_process(engine, requests, progress=progress, desc=config.label)
+    finally:
+        if owned:
+            engine.shutdown()
     entry = summary_entry(config, workload, store, "in-process")
     entry["model"] = engine_config.model.model or "embedded SmolLM2-135M-Instruct"
     entry["dtype"] = engine_config.model.dtype
     entry["compute_dtype"] = engine_config.model.compute_dtype
+    entry["tensor_parallel_size"] = engine_config.parallel.tensor_parallel_size
+    entry["pipeline_parallel_size"] = engine_config.parallel.pipeline_parallel_size
     return BenchRun(config, store, entry)
 
 
 # Both modes write the same keys; these are the ones only one mode knows (None in the other).
-_MODE_KEYS = {"model": None, "dtype": None, "compute_dtype": None, "url": None, "num_failed": 0}
+_MODE_KEYS = {
+    "model": None,
+    "dtype": None,
+    "compute_dtype": None,
+    "tensor_parallel_size": None,
+    "pipeline_parallel_size": None,
+    "url": None,
+    "num_failed": 0,
+}
 
 
 def summary_entry(config: BenchConfig, workload: WorkloadConfig, store: MetricsStore, mode: str) -> dict:

@@ -127,15 +127,18 @@ def run(args: argparse.Namespace) -> int:
                     )
                 return probes[qps]
 
-            for slo in slos:
-                r = find_capacity(measure, slo, settings)
-                results.setdefault(slo.label, {})[config.label] = {
-                    "slo_tbt_p99": slo.tbt_p99,
-                    "max_scheduling_delay": slo.max_scheduling_delay,
-                    "capacity_qps": r.capacity,
-                    "lowest_failing_qps": r.lowest_failing_qps,
-                    "probes": [vars(p) | {"meets": p.meets(slo)} for p in r.probes],
-                }
+            try:
+                for slo in slos:
+                    r = find_capacity(measure, slo, settings)
+                    results.setdefault(slo.label, {})[config.label] = {
+                        "slo_tbt_p99": slo.tbt_p99,
+                        "max_scheduling_delay": slo.max_scheduling_delay,
+                        "capacity_qps": r.capacity,
+                        "lowest_failing_qps": r.lowest_failing_qps,
+                        "probes": [vars(p) | {"meets": p.meets(slo)} for p in r.probes],
+                    }
+            finally:
+                engine.shutdown()
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -11,9 +11,12 @@ import csv
 import itertools
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sarathi.benchmark.pipeline_trace import bubble_fractions, chrome_trace
+from sarathi.executor.messages import StageTiming
 from sarathi.metrics import percentile
 from sarathi.outputs import IterationStats
 
@@ -99,6 +102,7 @@ class MetricsStore:
     def __init__(self) -> None:
         self.requests: dict[str, RequestRecord] = {}
         self.iterations: list[IterationStats] = []
+        self.stage_timings: list[StageTiming] = []
 
     # --- feeding -----------------------------------------------------------------------------------------
     def on_arrival(
@@ -124,6 +128,10 @@ class MetricsStore:
 
     def on_iteration(self, record: IterationStats) -> None:
         self.iterations.append(record)
+
+    def on_stage_timings(self, timings: Sequence[StageTiming]) -> None:
+        """Pipeline stages' start/end of each micro-batch (in-process runs only)."""
+        self.stage_timings.extend(timings)
 
     # --- derived -----------------------------------------------------------------------------------------
     def _values(self, metric: str) -> list[float]:
@@ -167,6 +175,15 @@ class MetricsStore:
             "num_preemptions": None if None in preempt else sum(preempt),
             "num_iterations": len(self.iterations),
             "iteration_time_p50": percentile(iter_times, 50),
+            **self._pipeline_summary(),
+        }
+
+    def _pipeline_summary(self) -> dict:
+        bubbles = bubble_fractions(self.stage_timings)
+        return {
+            "pipeline_stages": len(bubbles) or None,
+            "pipeline_bubble_fraction": sum(bubbles) / len(bubbles) if bubbles else None,
+            "pipeline_bubble_fraction_per_stage": bubbles or None,
         }
 
     def request_rows(self) -> list[dict]:
@@ -199,7 +216,8 @@ class MetricsStore:
 
     # --- export ------------------------------------------------------------------------------------------
     def write(self, folder: str | Path, extra_summary: dict | None = None) -> dict:
-        """Write requests.csv, iterations.csv (when there are iterations), cdf.csv and summary.json."""
+        """Write requests.csv, iterations.csv (when there are iterations), cdf.csv, summary.json and, with
+        stage timings, the Chrome / Perfetto trace.json."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         _write_csv(folder / "requests.csv", REQUEST_COLUMNS, self.request_rows())
@@ -208,6 +226,9 @@ class MetricsStore:
             _write_csv(folder / "iterations.csv", ITERATION_COLUMNS, rows)
         cdf_rows = [{"metric": m, "value": v, "cdf": p} for m in CDF_METRICS for v, p in self.cdf(m)]
         _write_csv(folder / "cdf.csv", ("metric", "value", "cdf"), cdf_rows)
+        if self.stage_timings:
+            trace = chrome_trace(self.stage_timings, self.iterations)
+            (folder / "trace.json").write_text(json.dumps(trace) + "\n")
         summary = {**(extra_summary or {}), **self.summary()}
         (folder / "summary.json").write_text(json.dumps(json_safe(summary), indent=2) + "\n")
         return summary

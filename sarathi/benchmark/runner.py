@@ -29,6 +29,7 @@ def warm_up(engine, prompt_token_ids: Sequence[int], num_output_tokens: int = 4)
     engine.add_request("warmup", list(prompt_token_ids), bench_params(num_output_tokens))
     while engine.has_unfinished_requests():
         engine.step()
+    engine.take_stage_timings()
 
 
 def run_in_process(
@@ -70,6 +71,7 @@ def run_in_process(
             if stats is not None and stats.iteration != last_iteration:
                 last_iteration = stats.iteration
                 store.on_iteration(stats)
+                store.on_stage_timings(engine.take_stage_timings())
                 idle = 0
             else:
                 idle += 1

@@ -53,7 +53,10 @@ class EngineCore:
                 return
             for message in messages:
                 self._handle(message, out)
-            if self.engine.has_unfinished_requests():
+            if not self.engine.has_unfinished_requests():
+                # A dead worker fails the engine now, not when the next request arrives.
+                self.engine.executor.check_health()
+            else:
                 iterations_before = self.engine.num_iterations
                 out.deltas.extend(_delta(o) for o in self.engine.step())
                 if self.engine.num_iterations > iterations_before:

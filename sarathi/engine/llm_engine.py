@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 @dataclass
 class _InFlight:
     batch: Batch
+    step_id: int
     start: float
 
 
@@ -60,7 +61,7 @@ class LLMEngine:
         self.step_builder = StepBuilder(self.block_manager)
         self.outputs = OutputProcessor(self.tokenizer, self.scheduler)
         self.stats: collections.deque[IterationStats] = collections.deque(maxlen=_MAX_KEPT_STATS)
-        self.stage_timings: collections.deque[StageTiming] = collections.deque(maxlen=_MAX_KEPT_STATS)
+        self._stage_timings: collections.deque[StageTiming] = collections.deque(maxlen=_MAX_KEPT_STATS)
         self._seqs: dict[str, Sequence] = {}
         self._in_flight: collections.deque[_InFlight] = collections.deque()
         self._iteration = 0
@@ -183,8 +184,9 @@ class LLMEngine:
             batch = self.scheduler.schedule(start)
             if batch.is_empty:
                 break
-            self.executor.submit(self.step_builder.build(batch))
-            self._in_flight.append(_InFlight(batch, start))
+            step = self.step_builder.build(batch)
+            self.executor.submit(step)
+            self._in_flight.append(_InFlight(batch, step.step_id, start))
         if not self._in_flight:
             return []
         flight = self._in_flight.popleft()
@@ -200,7 +202,7 @@ class LLMEngine:
             sampling = batch.entries
             results = [SampledToken(None, error=message)] * len(sampling)
         end = time.monotonic()
-        self.stage_timings.extend(self.executor.drain_timings())
+        self._stage_timings.extend(self.executor.drain_timings())
         outputs = []
         for e, r in zip(sampling, results, strict=True):
             if r.error and not e.seq.is_finished:
@@ -220,7 +222,7 @@ class LLMEngine:
                 outputs.append(self._fail(e.seq, error, end))
             if e.seq.is_finished:
                 self._forget(e.seq.seq_id)
-        self._record_stats(batch, flight.start, end)
+        self._record_stats(flight, end)
         return outputs
 
     def _fail(self, seq: Sequence, error: str, now: float) -> RequestOutput:
@@ -236,12 +238,13 @@ class LLMEngine:
         self.outputs.remove(request_id)
         self.step_builder.free(request_id)
 
-    def _record_stats(self, batch: Batch, start: float, end: float) -> None:
+    def _record_stats(self, flight: _InFlight, end: float) -> None:
+        batch = flight.batch
         self.stats.append(
             IterationStats(
                 iteration=self._iteration,
-                start_time=start,
-                wall_time=end - start,
+                start_time=flight.start,
+                wall_time=end - flight.start,
                 num_prefill_tokens=batch.num_prefill_tokens,
                 num_decode_tokens=batch.num_decode_tokens,
                 num_seqs=batch.num_seqs,
@@ -250,9 +253,16 @@ class LLMEngine:
                 num_waiting=self.scheduler.num_waiting,
                 num_used_blocks=self.block_manager.num_used_blocks,
                 seq_ids=tuple(batch.seq_ids),
+                step_id=flight.step_id,
             )
         )
         self._iteration += 1
+
+    def take_stage_timings(self) -> list[StageTiming]:
+        """Each pipeline stage's start and end of the micro-batches completed since the last call."""
+        timings = list(self._stage_timings)
+        self._stage_timings.clear()
+        return timings
 
     def shutdown(self) -> None:
         """Stop the executor's workers (worker processes or actors); safe to call twice."""

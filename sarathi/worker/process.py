@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -58,6 +60,14 @@ def describe_rank(shard: ShardSpec) -> str:
     return f"rank {shard.rank} (pipeline stage {shard.pp_rank}, tensor-parallel rank {shard.tp_rank})"
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Exit the process as soon as the engine is gone, even while blocked in a collective or a receive
+    that will never complete (a peer died)."""
+    while os.getppid() == parent:
+        time.sleep(_PARENT_CHECK_MS / 1000)
+    os._exit(1)
+
+
 def run_worker(spec: WorkerSpec) -> None:
     """Process target: serve steps until stopped; failures are reported, then the process exits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the process group; the engine decides
@@ -74,13 +84,12 @@ def run_worker(spec: WorkerSpec) -> None:
     rank = spec.shard.rank
     reports = spec.shard.tp_rank == 0
     parent = os.getppid()
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     try:
         parallel = init_distributed(spec.shard, spec.init_method)
         worker = Worker(spec.config, spec.num_kv_blocks, spec.eos_token_ids, spec.shard, parallel)
         results.send_pyobj(WorkerReady(rank))
-        while os.getppid() == parent:
-            if not steps.poll(_PARENT_CHECK_MS):
-                continue
+        while True:
             step = steps.recv_pyobj()
             if isinstance(step, StopWorker):
                 break

@@ -39,7 +39,9 @@ class ServerProcess:
             env=None if env is None else {**os.environ, **env},
         )
         self._wait_ready()
-        self.engine_core_pid = self._effective_config()["engine_core_pid"]
+        effective = self._effective_config()
+        self.engine_core_pid = effective["engine_core_pid"]
+        self.worker_pids: list[int] = effective["worker_pids"]
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -84,8 +86,9 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-        if pid_alive(self.engine_core_pid):
-            os.kill(self.engine_core_pid, signal.SIGKILL)
+        for pid in [self.engine_core_pid, *self.worker_pids]:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
         return self.proc.returncode
 
 
