@@ -56,8 +56,3 @@ class TensorPart:
 
 # Loads a part of a checkpoint tensor; raises KeyError if the tensor is absent.
 Fetch = Callable[[TensorPart], torch.Tensor]
-
-
-def fetch_from_whole(get: Callable[[str], torch.Tensor]) -> Fetch:
-    """A Fetch over a source that can only load whole tensors: it loads each one, then slices it."""
-    return lambda part: part.take(get(part.name))
