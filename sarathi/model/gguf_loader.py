@@ -12,6 +12,7 @@ import torch
 
 from sarathi.model.config import ModelArchConfig
 from sarathi.model.safetensors_folder import MissingTensorError
+from sarathi.model.weight_parts import TensorPart
 
 _SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 _GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -130,3 +131,9 @@ class GGUFCheckpoint:
             elif ".self_attn.k_proj." in hf_name:
                 tensor = unpermute_rotary_rows(tensor, self.hf_config["num_key_value_heads"])
         return tensor
+
+    def fetch(self, part: TensorPart) -> torch.Tensor:
+        """One part of a tensor. GGUF blocks are quantized (and q/k rows permuted) over whole rows, so this
+        dequantizes the whole tensor, then slices it: sharded ranks should rather load a safetensors folder
+        (the embedded model is normally read from one converted from its GGUF)."""
+        return part.take(self.get(part.name))

@@ -1,22 +1,35 @@
-"""Preallocated paged KV cache: one (k, v) pair of block pools per layer."""
+"""Preallocated paged KV cache: one (k, v) pair of block pools per layer (of this shard)."""
 
 from __future__ import annotations
 
 import torch
 
 from sarathi.model.config import ModelArchConfig
+from sarathi.model.parallel import WHOLE_MODEL, ShardSpec
 
 
-def kv_cache_shape(arch: ModelArchConfig, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
-    """Shape of one layer's k (or v) pool: [num_kv_heads, num_blocks, block_size, head_dim]."""
-    return (arch.num_key_value_heads, num_blocks, block_size, arch.head_dim)
+def kv_cache_shape(
+    arch: ModelArchConfig, num_blocks: int, block_size: int, shard: ShardSpec = WHOLE_MODEL
+) -> tuple[int, int, int, int]:
+    """Shape of one layer's k (or v) pool: [kv heads of this TP rank, num_blocks, block_size, head_dim]."""
+    start, end = shard.kv_head_range(arch.num_key_value_heads)
+    return (end - start, num_blocks, block_size, arch.head_dim)
 
 
-def kv_cache_bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block costs across all layers, k and v together (to size the pool from a memory budget)."""
+def _num_layers(arch: ModelArchConfig, shard: ShardSpec) -> int:
+    start, end = shard.layer_range(arch.num_hidden_layers)
+    return end - start
+
+
+def kv_cache_bytes_per_block(
+    arch: ModelArchConfig, block_size: int, dtype: torch.dtype, shard: ShardSpec = WHOLE_MODEL
+) -> int:
+    """Bytes one block costs across the shard's layers, k and v together (to size the pool from a memory
+    budget); for the shard's own kv heads only."""
     element_size = torch.empty((), dtype=dtype).element_size()
-    per_layer = 2 * arch.num_key_value_heads * block_size * arch.head_dim * element_size
-    return per_layer * arch.num_hidden_layers
+    kv_heads, _, _, head_dim = kv_cache_shape(arch, 1, block_size, shard)
+    per_layer = 2 * kv_heads * block_size * head_dim * element_size
+    return per_layer * _num_layers(arch, shard)
 
 
 def allocate_kv_cache(
@@ -25,16 +38,17 @@ def allocate_kv_cache(
     block_size: int,
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
+    shard: ShardSpec = WHOLE_MODEL,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Zero-filled (k, v) pools per layer.
+    """Zero-filled (k, v) pools for each layer of the shard's stage, over its own kv heads.
 
     Zeros matter: padded decode rows read unused slots and mask them out with -inf, and 0 * NaN would
     still poison the output if an unused slot held NaN.
     """
     if num_blocks < 1 or block_size < 1:
         raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
-    shape = kv_cache_shape(arch, num_blocks, block_size)
+    shape = kv_cache_shape(arch, num_blocks, block_size, shard)
     return [
         (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-        for _ in range(arch.num_hidden_layers)
+        for _ in range(_num_layers(arch, shard))
     ]

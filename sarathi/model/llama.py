@@ -3,11 +3,14 @@
 Works on a flattened batch: T tokens from any mix of prefill chunks and decodes, no padding between them.
 q/k/v and gate/up projections are fused into one matmul each (fewer, larger calls: per-call overhead
 dominates for a narrow model at small batch on CPU).
+
+Sharding (`ShardSpec`): a pipeline stage holds a contiguous run of layers; within a stage, tensor parallelism
+splits attention by whole kv-head groups and the MLP by intermediate columns (Megatron-style: column-parallel
+qkv and gate/up, row-parallel o and down followed by a float32 all-reduce).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +21,9 @@ from sarathi.model.attention import AttentionMetadata
 from sarathi.model.config import ModelArchConfig
 from sarathi.model.linear import Linear
 from sarathi.model.paged_attention import CacheReadPlan, GatherWorkspace, paged_attention, plan_cache_reads
+from sarathi.model.parallel import WHOLE_MODEL, ShardSpec, TensorParallelGroup
 from sarathi.model.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from sarathi.model.weight_parts import Fetch, TensorPart
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -55,21 +60,33 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x.float(), self.weight.shape, self.weight, self.eps).to(self.out_dtype)
 
 
-class Attention(nn.Module):
-    """Grouped-query self-attention with RoPE; reads and writes the paged KV cache."""
+def _row_parallel_output(y: torch.Tensor, tp: TensorParallelGroup) -> torch.Tensor:
+    """Sum a row-parallel layer's partial outputs over the TP ranks, in float32."""
+    return y if tp.size == 1 else tp.all_reduce(y.float())
 
-    def __init__(self, arch: ModelArchConfig, dtypes: Dtypes, device: torch.device | str) -> None:
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with RoPE over this TP rank's kv-head groups; reads and writes the paged
+    KV cache (which holds only those kv heads)."""
+
+    def __init__(
+        self,
+        arch: ModelArchConfig,
+        dtypes: Dtypes,
+        device: torch.device | str,
+        shard: ShardSpec,
+        tp: TensorParallelGroup,
+    ) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            arch.num_attention_heads,
-            arch.num_key_value_heads,
-            arch.head_dim,
-        )
-        self.scale = self.head_dim**-0.5
+        q_start, q_end = shard.q_head_range(arch.num_attention_heads, arch.num_key_value_heads)
+        kv_start, kv_end = shard.kv_head_range(arch.num_key_value_heads)
+        self.num_heads, self.num_kv_heads, self.head_dim = q_end - q_start, kv_end - kv_start, arch.head_dim
+        self.scale, self.tp = self.head_dim**-0.5, tp
         qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         self.qkv_proj = Linear(arch.hidden_size, qkv_out, arch.attention_bias, *dtypes.linear(device))
         attn_width = self.num_heads * self.head_dim
-        self.o_proj = Linear(attn_width, arch.hidden_size, arch.o_proj_bias, *dtypes.linear(device))
+        o_bias = arch.o_proj_bias and shard.tp_rank == 0  # added once to the sum over TP ranks
+        self.o_proj = Linear(attn_width, arch.hidden_size, o_bias, *dtypes.linear(device))
 
     def forward(
         self,
@@ -85,33 +102,50 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x).view(x.shape[0], h + 2 * kvh, self.head_dim)
         qk = apply_rope(qkv[:, : h + kvh], cos, sin)
         out = paged_attention(qk[:, :h], qk[:, h:], qkv[:, h + kvh :], kv[0], kv[1], meta, plan, self.scale)
-        return self.o_proj(out)
+        return _row_parallel_output(self.o_proj(out), self.tp)
 
 
 class MLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)), over this TP rank's intermediate columns."""
 
-    def __init__(self, arch: ModelArchConfig, dtypes: Dtypes, device: torch.device | str) -> None:
+    def __init__(
+        self,
+        arch: ModelArchConfig,
+        dtypes: Dtypes,
+        device: torch.device | str,
+        shard: ShardSpec,
+        tp: TensorParallelGroup,
+    ) -> None:
         super().__init__()
-        width, hidden = arch.intermediate_size, arch.hidden_size
+        start, end = shard.column_range(arch.intermediate_size)
+        width, hidden = end - start, arch.hidden_size
+        self.tp = tp
         self.gate_up_proj = Linear(hidden, 2 * width, arch.mlp_bias, *dtypes.linear(device))
-        self.down_proj = Linear(width, hidden, arch.mlp_bias, *dtypes.linear(device))
+        down_bias = arch.mlp_bias and shard.tp_rank == 0  # added once to the sum over TP ranks
+        self.down_proj = Linear(width, hidden, down_bias, *dtypes.linear(device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return _row_parallel_output(self.down_proj(F.silu(gate) * up), self.tp)
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm transformer block: attention then MLP, each with a residual connection."""
 
-    def __init__(self, arch: ModelArchConfig, dtypes: Dtypes, device: torch.device | str) -> None:
+    def __init__(
+        self,
+        arch: ModelArchConfig,
+        dtypes: Dtypes,
+        device: torch.device | str,
+        shard: ShardSpec,
+        tp: TensorParallelGroup,
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtypes.compute, device)
-        self.self_attn = Attention(arch, dtypes, device)
+        self.self_attn = Attention(arch, dtypes, device, shard, tp)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtypes.compute, device)
-        self.mlp = MLP(arch, dtypes, device)
+        self.mlp = MLP(arch, dtypes, device, shard, tp)
 
     def forward(
         self,
@@ -128,10 +162,17 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Decoder stack + LM head. Parameters start uninitialized: load them with `load_hf_weights`.
+    """Decoder stack + LM head, or one shard of it. Parameters start uninitialized: load them with
+    `load_hf_weights`.
 
     `dtype` is what the weights (and the KV cache the engine allocates, `self.dtype`) are stored in;
     `compute_dtype` what the matmuls read and write: float32 (default) or, with bf16 weights, bfloat16.
+
+    `shard` picks the part this process holds: the layers of its pipeline stage (`self.layers` holds only
+    those; `self.first_layer` is the HF index of the first) and its TP slice of each of them. The embedding
+    (first stage) and the final norm and LM head (last stage) are replicated on every TP rank of their stage,
+    not split: they are a small part of the work, and replicas need no all-gather of logits. `tp_group` sums
+    the row-parallel outputs across the stage's TP ranks; None is fine when tp_size is 1.
     """
 
     def __init__(
@@ -140,17 +181,30 @@ class LlamaForCausalLM(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         compute_dtype: torch.dtype = torch.float32,
+        shard: ShardSpec = WHOLE_MODEL,
+        tp_group: TensorParallelGroup | None = None,
     ) -> None:
         super().__init__()
+        tp = tp_group if tp_group is not None else TensorParallelGroup(None, shard.tp_size)
+        if tp.size != shard.tp_size:
+            raise ValueError(f"tp_group has {tp.size} ranks, the shard spec {shard.tp_size}")
         dtypes = Dtypes(dtype, compute_dtype)
-        self.arch, self.dtype, self.compute_dtype = arch, dtype, compute_dtype
-        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device)
-        self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(DecoderLayer(arch, dtypes, device) for _ in range(arch.num_hidden_layers))
-        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, compute_dtype, device)
-        self.lm_head = Linear(arch.hidden_size, arch.vocab_size, False, *dtypes.linear(device))
-        if arch.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+        self.arch, self.dtype, self.compute_dtype, self.shard = arch, dtype, compute_dtype, shard
+        self.first_layer, end_layer = shard.layer_range(arch.num_hidden_layers)
+        self.embed_tokens: nn.Embedding | None = None
+        if shard.is_first_stage:
+            self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device)
+            self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(
+            DecoderLayer(arch, dtypes, device, shard, tp) for _ in range(self.first_layer, end_layer)
+        )
+        self.norm: RMSNorm | None = None
+        self.lm_head: Linear | None = None
+        if shard.is_last_stage:
+            self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, compute_dtype, device)
+            self.lm_head = Linear(arch.hidden_size, arch.vocab_size, False, *dtypes.linear(device))
+            if arch.tie_word_embeddings and self.embed_tokens is not None:
+                self.lm_head.weight = self.embed_tokens.weight
         inv_freq = rope_inv_freq(arch.head_dim, arch.rope_theta, arch.rope_scaling)
         self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
         self._workspace = GatherWorkspace()
@@ -163,63 +217,96 @@ class LlamaForCausalLM(nn.Module):
         metadata: AttentionMetadata,
         kv_caches: KVCache,
         logits_indices: torch.Tensor,
+        hidden_states: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Run T flattened tokens, writing their K/V into `kv_caches`; float32 logits [K, vocab] for the
-        rows in `logits_indices` (only those go through the final norm and the LM head)."""
+        """Run T flattened tokens through this stage's layers, writing their K/V into `kv_caches`.
+
+        The first stage reads `input_ids` (LongTensor[T]), later ones `hidden_states` (float32 [T, hidden],
+        the previous stage's output). The last stage returns float32 logits [K, vocab] for the rows in
+        `logits_indices` (only those go through the final norm and the LM head); other stages return the
+        float32 hidden states [T, hidden], the same on every TP rank.
+        """
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"expected {len(self.layers)} kv cache layers, got {len(kv_caches)}")
-        # The residual stream stays float32 in every model dtype: in bf16 this cuts SmolLM2's (30 layers)
-        # relative logits error vs fp32 from 2.1e-2 to 1.2e-2, for elementwise adds on [T, hidden].
-        h = self.embed_tokens(input_ids).float()
+        if self.embed_tokens is not None:
+            # The residual stream stays float32 in every model dtype: in bf16 this cuts SmolLM2's (30 layers)
+            # relative logits error vs fp32 from 2.1e-2 to 1.2e-2, for elementwise adds on [T, hidden].
+            h = self.embed_tokens(input_ids).float()
+        elif hidden_states is None:
+            raise ValueError(f"pipeline stage {self.shard.pp_rank} needs the previous stage's hidden_states")
+        else:
+            h = hidden_states
         cos, sin = rope_cos_sin(positions, self.inv_freq)
         plan = plan_cache_reads(metadata, kv_caches[0][0], self._workspace, self.compute_dtype)
         for layer, kv in zip(self.layers, kv_caches, strict=True):
             h = layer(h, cos, sin, metadata, plan, kv)
+        if self.lm_head is None:
+            return h
         h = self.norm(h.index_select(0, logits_indices))
         return self.lm_head(h).float()
 
-    def hf_weight_sources(self) -> dict[str, list[str]]:
-        """For each parameter to load: the HF checkpoint tensors concatenated (dim 0) to form it."""
-        arch = self.arch
-        sources: dict[str, list[str]] = {
-            "embed_tokens.weight": ["model.embed_tokens.weight"],
-            "norm.weight": ["model.norm.weight"],
+    def hf_weight_sources(self) -> dict[str, list[TensorPart]]:
+        """For each parameter to load: the parts of HF checkpoint tensors concatenated (dim 0) to form it."""
+        arch, shard = self.arch, self.shard
+        sources: dict[str, list[TensorPart]] = {}
+        if self.embed_tokens is not None:
+            sources["embed_tokens.weight"] = [TensorPart("model.embed_tokens.weight")]
+        if self.lm_head is not None:
+            sources["norm.weight"] = [TensorPart("model.norm.weight")]
+            if not arch.tie_word_embeddings:
+                sources["lm_head.weight"] = [TensorPart("lm_head.weight")]
+            elif self.embed_tokens is None:  # tied, but the embedding lives in another stage's process
+                sources["lm_head.weight"] = [TensorPart("model.embed_tokens.weight")]
+        row_bias = shard.tp_rank == 0  # a row-parallel layer's bias is added once to the sum over TP ranks
+        has_bias = {
+            "self_attn.qkv_proj": arch.attention_bias,
+            "self_attn.o_proj": arch.o_proj_bias and row_bias,
+            "mlp.gate_up_proj": arch.mlp_bias,
+            "mlp.down_proj": arch.mlp_bias and row_bias,
         }
-        if not arch.tie_word_embeddings:
-            sources["lm_head.weight"] = ["lm_head.weight"]
-        for i in range(arch.num_hidden_layers):
-            ours, hf = f"layers.{i}.", f"model.layers.{i}."
-            fused = {
-                "self_attn.qkv_proj": [f"{hf}self_attn.{p}_proj" for p in "qkv"],
-                "self_attn.o_proj": [f"{hf}self_attn.o_proj"],
-                "mlp.gate_up_proj": [f"{hf}mlp.gate_proj", f"{hf}mlp.up_proj"],
-                "mlp.down_proj": [f"{hf}mlp.down_proj"],
-            }
-            for name, parts in fused.items():
-                sources[f"{ours}{name}.weight"] = [f"{p}.weight" for p in parts]
-            biases = {
-                "self_attn.qkv_proj": arch.attention_bias,
-                "self_attn.o_proj": arch.o_proj_bias,
-                "mlp.gate_up_proj": arch.mlp_bias,
-                "mlp.down_proj": arch.mlp_bias,
-            }
-            for name, has_bias in biases.items():
-                if has_bias:
-                    sources[f"{ours}{name}.bias"] = [f"{p}.bias" for p in fused[name]]
+        for j in range(len(self.layers)):
+            ours, hf = f"layers.{j}.", f"model.layers.{self.first_layer + j}."
+            for name, bias in has_bias.items():
+                sources[f"{ours}{name}.weight"] = self._linear_parts(hf, name, "weight")
+                if bias:
+                    sources[f"{ours}{name}.bias"] = self._linear_parts(hf, name, "bias")
             for norm in ("input_layernorm", "post_attention_layernorm"):
-                sources[f"{ours}{norm}.weight"] = [f"{hf}{norm}.weight"]
+                sources[f"{ours}{norm}.weight"] = [TensorPart(f"{hf}{norm}.weight")]
         return sources
 
+    def _linear_parts(self, hf: str, name: str, suffix: str) -> list[TensorPart]:
+        """The HF parts of one (fused) linear layer's weight or bias in this TP rank's shard."""
+        arch, shard, hd = self.arch, self.shard, self.arch.head_dim
+        q0, q1 = shard.q_head_range(arch.num_attention_heads, arch.num_key_value_heads)
+        kv0, kv1 = shard.kv_head_range(arch.num_key_value_heads)
+        c0, c1 = shard.column_range(arch.intermediate_size)
+        q_rows, kv_rows = arch.num_attention_heads * hd, arch.num_key_value_heads * hd
+        inter = arch.intermediate_size
+        if name == "self_attn.qkv_proj":  # column-parallel: output rows of this rank's heads
+            return [
+                TensorPart.of(f"{hf}self_attn.q_proj.{suffix}", 0, q0 * hd, q1 * hd, q_rows),
+                TensorPart.of(f"{hf}self_attn.k_proj.{suffix}", 0, kv0 * hd, kv1 * hd, kv_rows),
+                TensorPart.of(f"{hf}self_attn.v_proj.{suffix}", 0, kv0 * hd, kv1 * hd, kv_rows),
+            ]
+        if name == "mlp.gate_up_proj":
+            return [TensorPart.of(f"{hf}mlp.{p}_proj.{suffix}", 0, c0, c1, inter) for p in ("gate", "up")]
+        if suffix == "bias":  # row-parallel layers keep their whole bias
+            return [TensorPart(f"{hf}{name}.bias")]
+        if name == "self_attn.o_proj":  # row-parallel: input columns of this rank's heads
+            return [TensorPart.of(f"{hf}self_attn.o_proj.weight", 1, q0 * hd, q1 * hd, q_rows)]
+        return [TensorPart.of(f"{hf}mlp.down_proj.weight", 1, c0, c1, inter)]
+
     @torch.no_grad()
-    def load_hf_weights(self, fetch: Callable[[str], torch.Tensor]) -> None:
-        """Fill every parameter from HF tensors; `fetch(name)` returns one (any dtype) or raises KeyError."""
+    def load_hf_weights(self, fetch: Fetch) -> None:
+        """Fill every parameter from parts of HF tensors; `fetch(part)` returns that part (any dtype) or
+        raises KeyError. Only this shard's slices are requested."""
         params = dict(self.named_parameters())
         for name, parts in self.hf_weight_sources().items():
             param = params[name]
             tensor = torch.cat([fetch(p) for p in parts]) if len(parts) > 1 else fetch(parts[0])
             if tensor.shape != param.shape:
                 raise ValueError(
-                    f"tensor {' + '.join(parts)} has shape {tuple(tensor.shape)}, "
+                    f"tensor {' + '.join(map(str, parts))} has shape {tuple(tensor.shape)}, "
                     f"expected {tuple(param.shape)}"
                 )
             param.copy_(tensor)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,14 @@ from sarathi.model.config import ModelArchConfig
 from sarathi.model.embedded import embedded_model_path, gguf_tokenizer_dir
 from sarathi.model.gguf_loader import GGUFCheckpoint
 from sarathi.model.llama import LlamaForCausalLM
-from sarathi.model.safetensors_folder import SafetensorsCheckpoint, has_tokenizer, read_config
+from sarathi.model.parallel import WHOLE_MODEL, ShardSpec, TensorParallelGroup
+from sarathi.model.safetensors_folder import (
+    MissingTensorError,
+    SafetensorsCheckpoint,
+    has_tokenizer,
+    read_config,
+)
+from sarathi.model.weight_parts import TensorPart
 
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DUMMY_INIT_STD = 0.02  # HF's default initializer_range
@@ -25,6 +33,8 @@ def load_model(
     compute_dtype: torch.dtype = torch.float32,
     hf_config: dict[str, Any] | None = None,
     seed: int = 0,
+    shard: ShardSpec = WHOLE_MODEL,
+    tp_group: TensorParallelGroup | None = None,
 ) -> tuple[LlamaForCausalLM, ModelArchConfig, str | None]:
     """Load a model in eval mode; returns (model, arch config, folder holding the tokenizer or None).
 
@@ -33,6 +43,9 @@ def load_model(
     load_format: 'auto' (by path), 'safetensors', 'gguf', or 'dummy' (random weights, deterministic by `seed`,
     for the config `hf_config`, else the folder's config.json).
     hf_config: replaces the folder's config.json when given (not used for GGUF).
+    shard, tp_group: build and load only this rank's part of the model (see `LlamaForCausalLM`); each tensor
+    is read as the slices the shard holds (GGUF: dequantized whole, then sliced). Dummy weights are the slices
+    of the same full random model for every sharding.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load_format {load_format!r} (choose from {', '.join(LOAD_FORMATS)})")
@@ -46,30 +59,80 @@ def load_model(
     if load_format == "gguf":
         ckpt = GGUFCheckpoint(path)
         arch = ckpt.arch
-        net = LlamaForCausalLM(arch, dtype, compute_dtype=compute_dtype)
-        net.load_hf_weights(ckpt.get)
+        net = LlamaForCausalLM(arch, dtype, compute_dtype=compute_dtype, shard=shard, tp_group=tp_group)
+        net.load_hf_weights(ckpt.fetch)
         tokenizer_dir = gguf_tokenizer_dir(path)
     else:
         if path is not None and not path.is_dir():
             raise FileNotFoundError(f"model folder not found: {path}")
         arch = ModelArchConfig.from_hf_config(hf_config if hf_config is not None else read_config(path))
-        net = LlamaForCausalLM(arch, dtype, compute_dtype=compute_dtype)
+        net = LlamaForCausalLM(arch, dtype, compute_dtype=compute_dtype, shard=shard, tp_group=tp_group)
         if load_format == "dummy":
             init_dummy_weights(net, seed)
         else:
-            net.load_hf_weights(SafetensorsCheckpoint(path).get)
+            net.load_hf_weights(SafetensorsCheckpoint(path).fetch)
     net.pack_weights()
     return net.eval(), arch, tokenizer_dir
 
 
-@torch.no_grad()
-def init_dummy_weights(model: LlamaForCausalLM, seed: int, std: float = DUMMY_INIT_STD) -> None:
-    """HF-style random init: matrices ~ N(0, std), norms 1, biases 0; same seed -> same weights."""
-    gen = torch.Generator().manual_seed(seed)
-    for name, param in model.named_parameters():
+def hf_tensor_shapes(arch: ModelArchConfig) -> dict[str, tuple[int, ...]]:
+    """Name and shape of every tensor of an HF checkpoint of this architecture."""
+    hidden, hd, inter = arch.hidden_size, arch.head_dim, arch.intermediate_size
+    q_rows, kv_rows = arch.num_attention_heads * hd, arch.num_key_value_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (arch.vocab_size, hidden),
+        "model.norm.weight": (hidden,),
+    }
+    if not arch.tie_word_embeddings:
+        shapes["lm_head.weight"] = (arch.vocab_size, hidden)
+    for i in range(arch.num_hidden_layers):
+        attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        linears = {
+            f"{attn}q_proj": ((q_rows, hidden), arch.attention_bias),
+            f"{attn}k_proj": ((kv_rows, hidden), arch.attention_bias),
+            f"{attn}v_proj": ((kv_rows, hidden), arch.attention_bias),
+            f"{attn}o_proj": ((hidden, q_rows), arch.o_proj_bias),
+            f"{mlp}gate_proj": ((inter, hidden), arch.mlp_bias),
+            f"{mlp}up_proj": ((inter, hidden), arch.mlp_bias),
+            f"{mlp}down_proj": ((hidden, inter), arch.mlp_bias),
+        }
+        for name, (shape, bias) in linears.items():
+            shapes[f"{name}.weight"] = shape
+            if bias:
+                shapes[f"{name}.bias"] = shape[:1]
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            shapes[f"model.layers.{i}.{norm}.weight"] = (hidden,)
+    return shapes
+
+
+class DummyCheckpoint:
+    """A random HF checkpoint, HF-style: matrices ~ N(0, std), norms 1, biases 0.
+
+    Each tensor comes from its own generator, seeded by (seed, tensor name): any shard of the model draws
+    exactly the values the whole model has there, and the same seed always gives the same weights.
+    """
+
+    def __init__(self, arch: ModelArchConfig, seed: int, std: float = DUMMY_INIT_STD) -> None:
+        self.shapes, self.seed, self.std = hf_tensor_shapes(arch), seed, std
+
+    def get(self, name: str) -> torch.Tensor:
+        """The whole tensor `name` (float32)."""
+        shape = self.shapes.get(name)
+        if shape is None:
+            raise MissingTensorError(f"tensor {name!r} is not part of the model")
         if name.endswith("norm.weight"):
-            param.fill_(1.0)
-        elif name.endswith(".bias"):
-            param.zero_()
-        else:
-            param.copy_(torch.randn(param.shape, generator=gen) * std)
+            return torch.ones(shape)
+        if name.endswith(".bias"):
+            return torch.zeros(shape)
+        digest = hashlib.blake2b(f"{self.seed}:{name}".encode(), digest_size=8).digest()
+        gen = torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+        return torch.randn(shape, generator=gen) * self.std
+
+    def fetch(self, part: TensorPart) -> torch.Tensor:
+        """One part of a tensor (the whole tensor is drawn, then sliced)."""
+        return part.take(self.get(part.name))
+
+
+def init_dummy_weights(model: LlamaForCausalLM, seed: int, std: float = DUMMY_INIT_STD) -> None:
+    """Fill the model (or its shard) with `DummyCheckpoint` weights; same seed -> same weights."""
+    model.load_hf_weights(DummyCheckpoint(model.arch, seed, std).fetch)

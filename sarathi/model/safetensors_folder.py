@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from sarathi.model.weight_parts import TensorPart
+
 INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -66,15 +68,31 @@ class SafetensorsCheckpoint:
         """All tensor names in the checkpoint."""
         return list(self._file_of)
 
-    def get(self, name: str) -> torch.Tensor:
-        """Load one tensor; MissingTensorError naming it (and the folder) if absent."""
+    def _handle(self, name: str) -> tuple[Path, Any]:
         path = self._file_of.get(name)
         if path is None:
             raise MissingTensorError(f"tensor {name!r} not found in the safetensors files of {self.folder}")
         handle = self._handles.get(path)
         if handle is None:
             handle = self._handles[path] = safe_open(str(path), framework="pt")
+        return path, handle
+
+    def get(self, name: str) -> torch.Tensor:
+        """Load one tensor; MissingTensorError naming it (and the folder) if absent."""
+        path, handle = self._handle(name)
         try:
             return handle.get_tensor(name)
         except Exception as e:  # the index names a tensor its shard does not contain
             raise MissingTensorError(f"tensor {name!r} not found in {path}: {e}") from e
+
+    def fetch(self, part: TensorPart) -> torch.Tensor:
+        """Load one part of a tensor, reading only that slice from the file."""
+        if part.dim is None:
+            return self.get(part.name)
+        path, handle = self._handle(part.name)
+        try:
+            view = handle.get_slice(part.name)
+        except Exception as e:
+            raise MissingTensorError(f"tensor {part.name!r} not found in {path}: {e}") from e
+        part.check_shape(view.get_shape())
+        return view[part.index()]
