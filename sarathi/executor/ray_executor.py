@@ -23,8 +23,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import ray
-import ray.exceptions
+try:
+    import ray
+    import ray.exceptions
+except ImportError as e:
+    raise ImportError("the ray executor backend needs Ray: pip install 'sarathi[ray]'") from e
 from ray import ObjectRef
 from ray.actor import ActorHandle
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -66,6 +69,7 @@ def start_local_ray(num_cpus: int | None = None) -> None:
     """Start a single-node Ray instance on 127.0.0.1: no dashboard, a small object store."""
     with _loopback_only():
         ray.init(
+            address="local",  # not RAY_ADDRESS
             num_cpus=num_cpus,
             include_dashboard=False,
             object_store_memory=LOCAL_OBJECT_STORE_BYTES,
@@ -89,7 +93,9 @@ def connect_ray() -> bool:
 class RayWorker:
     """The actor behind one rank: a ``Worker`` once ``start`` has joined the process group."""
 
-    def __init__(self, config: EngineConfig, shard: ShardSpec, num_kv_blocks: int, eos_ids: tuple[int, ...]):
+    def __init__(
+        self, config: EngineConfig, shard: ShardSpec, num_kv_blocks: int, eos_ids: tuple[int, ...]
+    ) -> None:
         self.config, self.shard, self.num_kv_blocks, self.eos_ids = config, shard, num_kv_blocks, eos_ids
         self.worker = None
 
@@ -185,34 +191,40 @@ class RayExecutor(Executor):
     def _start(self) -> None:
         """Find the actors' nodes, have every rank join the process group at rank 0's node, load shards."""
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        nodes = self._wait([a.node.remote() for a in self.actors], deadline, "to start")
+        limit = f"(limit {STARTUP_TIMEOUT_S:.0f} s)"
+        nodes = self._wait([a.node.remote() for a in self.actors], deadline, f"to start {limit}")
         here = ray.get_runtime_context().get_node_id()
         self._pids = [pid for pid, node, _ in nodes if node == here]
         ranks_on = collections.Counter(node for _, node, _ in nodes)
-        port = self._wait([self.actors[0].free_port.remote()], deadline, "to start")[0]
+        port = self._wait([self.actors[0].free_port.remote()], deadline, f"to start {limit}", [0])[0]
         init_method = f"tcp://{nodes[0][2]}:{port}"
         starts = [
             a.start.remote(init_method, ranks_on[n]) for a, (_, n, _) in zip(self.actors, nodes, strict=True)
         ]
-        self._wait(starts, deadline, "to load its shard")
+        self._wait(starts, deadline, f"to load its shard {limit}")
         # Stage timings are read on each actor's monotonic clock: shift those of other nodes onto ours.
         for shard, actor, (_, node, _) in zip(self.shards, self.actors, nodes, strict=True):
             if shard.tp_rank == 0 and node != here:
                 before = time.monotonic()
-                theirs = self._wait([actor.clock.remote()], deadline, "to start")[0]
+                theirs = self._wait([actor.clock.remote()], deadline, f"to start {limit}", [shard.rank])[0]
                 self._clock_offsets[shard.pp_rank] = (before + time.monotonic()) / 2 - theirs
 
-    def _wait(self, refs: list[ObjectRef], deadline: float, doing: str) -> list:
-        """The result of every rank's ref (refs[i] is rank i's, or rank 0's for a single ref); raise
+    def _wait(
+        self, refs: list[ObjectRef], deadline: float, doing: str, ranks: list[int] | None = None
+    ) -> list:
+        """The results of ``refs``, the calls of ``ranks`` (all, in order, by default); raise
         WorkerFailedError as soon as one fails, or at the deadline."""
+        rank_of = dict(zip(refs, ranks or range(len(refs)), strict=True))
         remaining = list(refs)
         while remaining:
             ready, remaining = ray.wait(remaining, timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
-                rank = refs.index(remaining[0])
-                raise WorkerFailedError(f"worker {describe_rank(self.shards[rank])} took too long {doing}")
-            self._get(ready[0], refs.index(ready[0]))
-        return [self._get(ref, rank) for rank, ref in enumerate(refs)]
+                late = ", ".join(describe_rank(self.shards[rank_of[r]]) for r in remaining)
+                raise WorkerFailedError(
+                    f"{'worker' if len(remaining) == 1 else 'workers'} {late} took too long {doing}"
+                )
+            self._get(ready[0], rank_of[ready[0]])
+        return [self._get(ref, rank_of[ref]) for ref in refs]
 
     def _get(self, ref: ObjectRef, rank: int) -> Any:
         """``ray.get(ref)`` (a finished ref), failures turned into WorkerFailedError naming the rank."""
@@ -220,7 +232,7 @@ class RayExecutor(Executor):
         try:
             return ray.get(ref, timeout=0)
         except ray.exceptions.RayActorError as e:
-            raise WorkerFailedError(f"{who} died: {e}") from e
+            raise WorkerFailedError(f"{who} died: {' '.join(str(e).split())}") from e
         except ray.exceptions.RayTaskError as e:
             cause = e.cause if e.cause is not None else e
             raise WorkerFailedError(f"{who}: {type(cause).__name__}: {cause}") from e
@@ -234,7 +246,8 @@ class RayExecutor(Executor):
 
     def collect(self) -> StepOutput:
         refs = self._pending.popleft()
-        results = self._wait(refs, time.monotonic() + self.step_timeout_s, "to finish a step")
+        deadline = time.monotonic() + self.step_timeout_s
+        results = self._wait(refs, deadline, f"to finish a step (limit {self.step_timeout_s:g} s)")
         output = None
         for shard, (out, timing) in zip(self.shards, results, strict=True):
             if shard.tp_rank == 0:
@@ -254,9 +267,10 @@ class RayExecutor(Executor):
         actor now and then without waiting: a dead actor fails its ping by the next check."""
         pings_done = True
         for refs in [*self._pending, self._pings]:
-            ready = ray.wait(refs, num_returns=len(refs), timeout=0)[0] if refs else []
-            for ref in ready:
-                self._get(ref, refs.index(ref))
+            ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0] if refs else [])
+            for rank, ref in enumerate(refs):
+                if ref in ready:
+                    self._get(ref, rank)
             pings_done = len(ready) == len(refs)  # the last list checked is the pings
         now = time.monotonic()
         if pings_done and now - self._last_ping >= _PING_INTERVAL_S:
