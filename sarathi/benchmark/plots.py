@@ -1,6 +1,6 @@
 """PNG plots of benchmark runs (matplotlib, Agg backend): latency CDFs, token timelines with generation
-stalls (paper Fig. 1a), iteration time vs tokens (Fig. 6/9), capacity bars (Fig. 10) and capacity vs SLO
-(Fig. 12)."""
+stalls (paper Fig. 1a), iteration time vs tokens (Fig. 6/9), pipeline stage timelines (bubbles), capacity
+bars (Fig. 10) and capacity vs SLO (Fig. 12)."""
 
 from __future__ import annotations
 
@@ -169,6 +169,39 @@ def plot_capacity_vs_slo(
     return Path(path)
 
 
+def plot_pipeline_timelines(
+    runs: Mapping[str, MetricsStore], path: str | Path, window_s: float = 10.0
+) -> Path | None:
+    """Per run with two or more pipeline stages: each stage's busy intervals over the first
+    ``window_s`` seconds (gaps are pipeline bubbles), shaded by the micro-batch's prefill share."""
+    staged = {k: s for k, s in runs.items() if len({t.stage for t in s.stage_timings}) > 1}
+    if not staged:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(staged), 1, figsize=(10, 1.2 + 1.1 * len(staged)), squeeze=False)
+    for ax, (label, store) in zip(axes[:, 0], staged.items(), strict=True):
+        t0 = min(t.start for t in store.stage_timings)
+        prefill_share = {
+            it.step_id: it.num_prefill_tokens / it.num_tokens for it in store.iterations if it.num_tokens
+        }
+        stages = sorted({t.stage for t in store.stage_timings})
+        for t in store.stage_timings:
+            if t.start - t0 > window_s:
+                continue
+            share = prefill_share.get(t.step_id, 0.0)
+            color = plt.cm.viridis(0.15 + 0.75 * share)
+            ax.broken_barh([(t.start - t0, t.end - t.start)], (t.stage - 0.4, 0.8), color=color)
+        ax.set_yticks(stages, [f"stage {s}" for s in stages])
+        ax.invert_yaxis()
+        ax.set_xlim(0, window_s)
+        ax.set_title(f"{label}: pipeline stages (gaps are bubbles; color: prefill share)", fontsize=9)
+    axes[-1, 0].set_xlabel("time (s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def plot_bench(runs: Mapping[str, MetricsStore], folder: str | Path) -> list[Path]:
     """Every per-run plot of ``sarathi bench`` into ``folder``; returns the files written."""
     folder = Path(folder)
@@ -178,5 +211,8 @@ def plot_bench(runs: Mapping[str, MetricsStore], folder: str | Path) -> list[Pat
         plot_cdf(runs, "ttft", folder / "ttft_cdf.png", "Time to first token"),
         plot_token_timelines(runs, folder / "tokens_over_time.png"),
     ]
-    it = plot_iteration_times(runs, folder / "iteration_time_vs_tokens.png")
-    return paths + ([it] if it is not None else [])
+    optional = [
+        plot_iteration_times(runs, folder / "iteration_time_vs_tokens.png"),
+        plot_pipeline_timelines(runs, folder / "pipeline_stages.png"),
+    ]
+    return paths + [p for p in optional if p is not None]

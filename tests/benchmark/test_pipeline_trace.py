@@ -48,3 +48,4 @@ def test_bench_with_two_pipeline_stages_writes_trace_and_bubble_fraction(tmp_pat
     trace = json.loads((out / entry["label"] / "trace.json").read_text())
     tids = {e["tid"] for e in trace["traceEvents"] if e["ph"] == "X"}
     assert tids == {0, 1, 2}
+    assert (out / "pipeline_stages.png").read_bytes()[:4] == b"\x89PNG"

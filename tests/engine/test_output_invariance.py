@@ -46,6 +46,14 @@ PARALLEL_CONFIGS = {
         scheduler="sarathi", token_budget=64, num_kv_blocks=60, pipeline_parallel_size=2
     ),
     "pp2-vllm-preempt": dict(scheduler="vllm", num_kv_blocks=60, pipeline_parallel_size=2),
+    "ray-pp2-sarathi-preempt": dict(
+        scheduler="sarathi",
+        token_budget=64,
+        num_kv_blocks=60,
+        pipeline_parallel_size=2,
+        distributed_executor_backend="ray",
+    ),
+    "ray-tp2-vllm": dict(scheduler="vllm", tensor_parallel_size=2, distributed_executor_backend="ray"),
 }
 
 
