@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from sarathi.model.config import ModelArchConfig
-from sarathi.model.embedded import embedded_model_path, gguf_tokenizer_dir
 from sarathi.model.gguf_loader import GGUFCheckpoint
 from sarathi.model.llama import LlamaForCausalLM
 from sarathi.model.parallel import WHOLE_MODEL, ShardSpec, TensorParallelGroup
+from sarathi.model.resolve import resolve_model
 from sarathi.model.safetensors_folder import (
     MissingTensorError,
     SafetensorsCheckpoint,
-    has_tokenizer,
-    read_config,
 )
 from sarathi.model.weight_parts import TensorPart
 
-LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DUMMY_INIT_STD = 0.02  # HF's default initializer_range
 
 
@@ -47,32 +43,17 @@ def load_model(
     is read as the slices the shard holds (GGUF: dequantized whole, then sliced). Dummy weights are the slices
     of the same full random model for every sharding.
     """
-    if load_format not in LOAD_FORMATS:
-        raise ValueError(f"unknown load_format {load_format!r} (choose from {', '.join(LOAD_FORMATS)})")
-    if model is None and not (load_format == "dummy" and hf_config is not None):
-        model = embedded_model_path()
-    path = Path(model) if model is not None else None
-    if load_format == "auto":
-        load_format = "gguf" if path is not None and path.suffix == ".gguf" else "safetensors"
-
-    tokenizer_dir = str(path) if path is not None and path.is_dir() and has_tokenizer(path) else None
-    if load_format == "gguf":
-        ckpt = GGUFCheckpoint(path)
-        arch = ckpt.arch
-        net = LlamaForCausalLM(arch, dtype, compute_dtype=compute_dtype, shard=shard, tp_group=tp_group)
-        net.load_hf_weights(ckpt.fetch)
-        tokenizer_dir = gguf_tokenizer_dir(path)
+    resolved = resolve_model(model, load_format, hf_config)
+    arch, path = resolved.arch, resolved.path
+    net = LlamaForCausalLM(arch, dtype, compute_dtype=compute_dtype, shard=shard, tp_group=tp_group)
+    if resolved.load_format == "gguf":
+        net.load_hf_weights(GGUFCheckpoint(path).fetch)
+    elif resolved.load_format == "dummy":
+        init_dummy_weights(net, seed)
     else:
-        if path is not None and not path.is_dir():
-            raise FileNotFoundError(f"model folder not found: {path}")
-        arch = ModelArchConfig.from_hf_config(hf_config if hf_config is not None else read_config(path))
-        net = LlamaForCausalLM(arch, dtype, compute_dtype=compute_dtype, shard=shard, tp_group=tp_group)
-        if load_format == "dummy":
-            init_dummy_weights(net, seed)
-        else:
-            net.load_hf_weights(SafetensorsCheckpoint(path).fetch)
+        net.load_hf_weights(SafetensorsCheckpoint(path).fetch)
     net.pack_weights()
-    return net.eval(), arch, tokenizer_dir
+    return net.eval(), arch, resolved.tokenizer_dir
 
 
 def hf_tensor_shapes(arch: ModelArchConfig) -> dict[str, tuple[int, ...]]:

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import httpx
@@ -103,6 +104,43 @@ def pid_alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def wait_for(condition, timeout_s: float) -> bool:
+    """Poll ``condition`` until it holds or ``timeout_s`` passes; its last value."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def post_body(url: str, body: dict | bytes) -> httpx.Response:
+    """POST a JSON body, or raw bytes labelled as JSON."""
+    if isinstance(body, bytes):
+        return httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=60)
+    return httpx.post(url, json=body, timeout=60)
+
+
+def check_sigterm_finishes_in_flight_requests(srv: ServerProcess) -> None:
+    """SIGTERM while a 20-token stream runs: the stream finishes whole, then every process exits."""
+    result = {}
+
+    def stream():
+        body = {"prompt": "Count:", "max_tokens": 20, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=120) as r:
+            result["lines"] = [line for line in r.iter_lines() if line.startswith("data: ")]
+
+    t = threading.Thread(target=stream)
+    t.start()
+    assert wait_for(lambda: srv.metrics()["sarathi_num_requests_running"] == 1, 30)
+    srv.proc.send_signal(signal.SIGTERM)
+    t.join(120)
+    srv.proc.wait(60)
+    assert result["lines"][-1] == "data: [DONE]" and len(result["lines"]) == 21  # finished, not cut
+    assert wait_for(lambda: not any(pid_alive(p) for p in [srv.engine_core_pid, *srv.worker_pids]), 15)
+    assert "engine core stopped" in srv.output()
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from tests.server.conftest import post_body
+
 LONG_TEXT = "hello " * 9000  # more tokens than the model's 8192 context
 
 CASES = [
@@ -61,11 +63,7 @@ CASES = [
 
 @pytest.mark.parametrize(("endpoint", "body", "status", "param"), CASES)
 def test_bad_request_gets_openai_error(server, endpoint, body, status, param):
-    url = f"{server.url}/v1/{endpoint}"
-    if isinstance(body, bytes):
-        r = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=60)
-    else:
-        r = httpx.post(url, json=body, timeout=60)
+    r = post_body(f"{server.url}/v1/{endpoint}", body)
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]

@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import threading
 import time
 
 import httpx
@@ -15,20 +14,17 @@ import openai
 import pytest
 
 from sarathi import LLM, SamplingParams
-from tests.server.conftest import ServerProcess, pid_alive
+from tests.server.conftest import (
+    ServerProcess,
+    check_sigterm_finishes_in_flight_requests,
+    pid_alive,
+    post_body,
+    wait_for,
+)
 from tests.server.test_bad_input import CASES
 
 PROMPTS = ["The best way to learn", "In 1492,", "def add(a, b):", "Write a haiku about rain."]
 LONG = {"prompt": "Tell me a very long story.", "max_tokens": 900, "ignore_eos": True, "temperature": 0}
-
-
-def _wait_for(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 @pytest.fixture(scope="module")
@@ -94,16 +90,12 @@ def test_closing_a_stream_aborts_and_frees_blocks(pp_server):
         m = pp_server.metrics()
         return m["sarathi_num_requests_running"] == 0 and m["sarathi_kv_cache_blocks_used"] == 0
 
-    assert _wait_for(freed, 3.0), pp_server.metrics()
+    assert wait_for(freed, 3.0), pp_server.metrics()
 
 
 @pytest.mark.parametrize(("endpoint", "body", "status", "param"), CASES[::3])
 def test_bad_input_gets_openai_error(pp_server, endpoint, body, status, param):
-    url = f"{pp_server.url}/v1/{endpoint}"
-    if isinstance(body, bytes):
-        r = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=60)
-    else:
-        r = httpx.post(url, json=body, timeout=60)
+    r = post_body(f"{pp_server.url}/v1/{endpoint}", body)
     assert r.status_code == status, r.text
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
 
@@ -125,11 +117,11 @@ def test_a_killed_worker_fails_health_and_open_streams_and_leaves_no_process():
                         errors.append(payload["error"])
         assert time.monotonic() - killed < 10
         assert errors and errors[0]["code"] == "engine_dead" and "rank 1" in errors[0]["message"]
-        assert _wait_for(lambda: httpx.get(f"{srv.url}/health").status_code == 503, 5)
+        assert wait_for(lambda: httpx.get(f"{srv.url}/health").status_code == 503, 5)
         r = httpx.post(url, json={"prompt": "hi", "max_tokens": 2}, timeout=10)
         assert r.status_code == 503 and r.json()["error"]["code"] == "engine_dead"
         # The engine core stops its other worker and exits; nothing is left behind.
-        assert _wait_for(lambda: not any(pid_alive(p) for p in [srv.engine_core_pid, *srv.worker_pids]), 15)
+        assert wait_for(lambda: not any(pid_alive(p) for p in [srv.engine_core_pid, *srv.worker_pids]), 15)
     finally:
         srv.stop()
 
@@ -137,20 +129,6 @@ def test_a_killed_worker_fails_health_and_open_streams_and_leaves_no_process():
 def test_sigterm_finishes_in_flight_requests_and_stops_every_worker():
     srv = ServerProcess("--pipeline-parallel-size", "2", "--num-kv-blocks", "256", "--shutdown-timeout", "60")
     try:
-        result = {}
-
-        def stream():
-            body = {"prompt": "Count:", "max_tokens": 20, "ignore_eos": True, "stream": True}
-            with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=120) as r:
-                result["lines"] = [line for line in r.iter_lines() if line.startswith("data: ")]
-
-        t = threading.Thread(target=stream)
-        t.start()
-        assert _wait_for(lambda: srv.metrics()["sarathi_num_requests_running"] == 1, 30)
-        srv.proc.send_signal(signal.SIGTERM)
-        t.join(120)
-        srv.proc.wait(60)
-        assert result["lines"][-1] == "data: [DONE]" and len(result["lines"]) == 21
-        assert _wait_for(lambda: not any(pid_alive(p) for p in [srv.engine_core_pid, *srv.worker_pids]), 15)
+        check_sigterm_finishes_in_flight_requests(srv)
     finally:
         srv.stop()

@@ -12,18 +12,9 @@ import httpx
 import pytest
 
 from sarathi import LLM, SamplingParams
-from tests.server.conftest import ServerProcess, pid_alive
+from tests.server.conftest import ServerProcess, check_sigterm_finishes_in_flight_requests, wait_for
 
 LONG = {"prompt": "Tell me a very long story.", "max_tokens": 900, "ignore_eos": True, "temperature": 0}
-
-
-def _wait_for(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 def test_closing_a_stream_aborts_the_request_and_frees_its_blocks(server):
@@ -42,7 +33,7 @@ def test_closing_a_stream_aborts_the_request_and_frees_its_blocks(server):
         m = server.metrics()
         return m["sarathi_num_requests_running"] == 0 and m["sarathi_kv_cache_blocks_used"] == 0
 
-    assert _wait_for(freed, 1.0), server.metrics()
+    assert wait_for(freed, 1.0), server.metrics()
     assert time.monotonic() - closed < 1.5
     assert server.metrics()['sarathi_requests_total{finish_reason="abort"}'] >= 1
 
@@ -76,7 +67,7 @@ def test_full_waiting_queue_gets_429_with_retry_after(one_seq_server):
             target=lambda: httpx.post(url, json={**LONG, "max_tokens": 5}, timeout=300)
         )
         waiting.start()
-        assert _wait_for(lambda: one_seq_server.metrics()["sarathi_num_requests_waiting"] == 1, 10)
+        assert wait_for(lambda: one_seq_server.metrics()["sarathi_num_requests_waiting"] == 1, 10)
         r = httpx.post(url, json={"prompt": "hi", "max_tokens": 2}, timeout=60)
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
         assert r.json()["error"]["type"] == "rate_limit_error"
@@ -108,7 +99,7 @@ def test_engine_core_death_fails_health_and_in_flight_requests(one_seq_server):
                     errors.append(payload["error"])
     assert time.monotonic() - killed < 5
     assert errors and errors[0]["code"] == "engine_dead"
-    assert _wait_for(lambda: httpx.get(f"{srv.url}/health").status_code == 503, 2)
+    assert wait_for(lambda: httpx.get(f"{srv.url}/health").status_code == 503, 2)
     r = httpx.post(url, json={"prompt": "hi", "max_tokens": 2}, timeout=10)
     assert r.status_code == 503 and r.json()["error"]["code"] == "engine_dead"
 
@@ -116,21 +107,6 @@ def test_engine_core_death_fails_health_and_in_flight_requests(one_seq_server):
 def test_sigterm_finishes_in_flight_requests_and_stops_everything():
     srv = ServerProcess("--num-kv-blocks", "512", "--shutdown-timeout", "60")
     try:
-        result = {}
-
-        def stream():
-            body = {"prompt": "Count:", "max_tokens": 20, "ignore_eos": True, "stream": True}
-            with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=120) as r:
-                result["lines"] = [line for line in r.iter_lines() if line.startswith("data: ")]
-
-        t = threading.Thread(target=stream)
-        t.start()
-        assert _wait_for(lambda: srv.metrics()["sarathi_num_requests_running"] == 1, 30)
-        srv.proc.send_signal(signal.SIGTERM)
-        t.join(120)
-        srv.proc.wait(60)
-        assert result["lines"][-1] == "data: [DONE]" and len(result["lines"]) == 21  # finished, not cut
-        assert _wait_for(lambda: not pid_alive(srv.engine_core_pid), 10)
-        assert "engine core stopped" in srv.output()
+        check_sigterm_finishes_in_flight_requests(srv)
     finally:
         srv.stop()
