@@ -129,6 +129,11 @@ class MultiprocExecutor(Executor):
                 raise WorkerFailedError(f"a worker took too long {doing} (limit {self.step_timeout_s:.0f} s)")
         message = self._results.recv_pyobj()
         if isinstance(message, WorkerError):
+            # A peer that died makes the others fail in their next collective or send: name the dead one.
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                self.check_health(exclude_rank=message.rank)
+                time.sleep(0.05)
             raise WorkerFailedError(f"worker {message.message}")
         if isinstance(message, StepOutput):
             self._outputs[message.step_id] = message
@@ -141,9 +146,9 @@ class MultiprocExecutor(Executor):
         timings, self._timings = self._timings, []
         return timings
 
-    def check_health(self) -> None:
+    def check_health(self, exclude_rank: int | None = None) -> None:
         for shard, process in zip(self.shards, self._processes, strict=False):
-            if not process.is_alive():
+            if shard.rank != exclude_rank and not process.is_alive():
                 raise WorkerFailedError(
                     f"worker {describe_rank(shard)} (pid {process.pid}) exited with code {process.exitcode}"
                 )
