@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -59,20 +60,34 @@ class TokenLogprob:
 
 @dataclass(frozen=True)
 class RequestOutput:
-    """A request's state after a step: what is new, everything so far, and whether it finished."""
+    """What one request got in one engine iteration, and where it stands: the one output type, in-process
+    and from the engine core to the API process.
+
+    ``new_token_ids`` / ``new_text`` / ``new_logprobs`` are this iteration's part (text that could still
+    become a stop string is held back until it is decided). ``token_ids`` and ``text`` (everything so far)
+    and ``metrics`` are filled in-process; ``for_transport`` drops them from all but a request's final
+    output, so streaming costs O(new tokens) per message.
+    """
 
     request_id: str
-    prompt_token_ids: list[int]
     new_token_ids: list[int]
     new_text: str
-    token_ids: list[int]
-    text: str
+    num_prompt_tokens: int
+    num_output_tokens: int
     finished: bool
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     metrics: RequestMetrics | None = None
     new_logprobs: list[TokenLogprob] | None = None
     error: str | None = None  # set when finish_reason is "error": why the engine failed this request
+    token_ids: list[int] | None = None
+    text: str | None = None
+
+    def for_transport(self) -> RequestOutput:
+        """This output without the cumulative fields unless it is the request's last."""
+        if self.finished:
+            return self
+        return dataclasses.replace(self, token_ids=None, text=None, metrics=None)
 
 
 @dataclass(frozen=True)

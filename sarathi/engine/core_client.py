@@ -1,6 +1,6 @@
 """The API process's handle on the engine-core process: start it, send requests, stream their tokens back.
 
-One asyncio task receives ``CoreOutputs`` and routes each ``TokenDelta`` to its request's queue; a
+One asyncio task receives ``CoreOutputs`` and routes each ``RequestOutput`` to its request's queue; a
 watchdog notices when the engine-core process dies and ends every in-flight request with an error.
 """
 
@@ -28,8 +28,8 @@ from sarathi.engine.core_messages import (
     EngineSnapshot,
     Rejection,
     Shutdown,
-    TokenDelta,
 )
+from sarathi.outputs import RequestOutput
 from sarathi.sampling_params import SamplingParams
 
 _WATCHDOG_INTERVAL_S = 0.1
@@ -55,11 +55,11 @@ class RequestRejectedError(ValueError):
 @dataclass
 class _Pending:
     accepted: asyncio.Future
-    deltas: asyncio.Queue
+    outputs: asyncio.Queue
 
 
 class RequestStream:
-    """The token deltas of one request, in order; ends after the delta with ``finished`` set."""
+    """The outputs of one request, in order; ends after the one with ``finished`` set."""
 
     def __init__(self, request_id: str, queue: asyncio.Queue, on_close: Callable[[str], None]) -> None:
         self.request_id = request_id
@@ -68,14 +68,14 @@ class RequestStream:
         self._get: asyncio.Future | None = None
         self.finished = False
 
-    async def __aiter__(self) -> AsyncIterator[TokenDelta]:
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
         while not self.finished:
             delta = await self.next()
             if delta is not None:
                 yield delta
 
-    async def next(self, timeout: float | None = None) -> TokenDelta | None:
-        """The next delta, or None if none came within ``timeout`` seconds; raises EngineDeadError."""
+    async def next(self, timeout: float | None = None) -> RequestOutput | None:
+        """The next output, or None if none came within ``timeout`` seconds; raises EngineDeadError."""
         # A get that timed out stays pending for the next call: cancelling it could drop a delta.
         if self._get is None:
             self._get = asyncio.ensure_future(self._queue.get())
@@ -226,7 +226,7 @@ class EngineCoreClient:
         except BaseException:
             self._pending.pop(request_id, None)
             raise
-        return RequestStream(request_id, pending.deltas, self.abort)
+        return RequestStream(request_id, pending.outputs, self.abort)
 
     def abort(self, request_id: str) -> None:
         """Abort a request that is still in flight (no-op for finished ones)."""
@@ -251,13 +251,13 @@ class EngineCoreClient:
                 pending.accepted.set_result(None)
         for rejection in out.rejected:
             self._reject(rejection)
-        for delta in out.deltas:
-            pending = self._pending.get(delta.request_id)
+        for output in out.outputs:
+            pending = self._pending.get(output.request_id)
             if pending is None:
                 continue  # aborted by the client meanwhile
-            pending.deltas.put_nowait(delta)
-            if delta.finished:
-                del self._pending[delta.request_id]
+            pending.outputs.put_nowait(output)
+            if output.finished:
+                del self._pending[output.request_id]
         if out.snapshot is not None:
             self.snapshot = out.snapshot
         if self.on_outputs is not None:
@@ -287,5 +287,5 @@ class EngineCoreClient:
             if not pending.accepted.done():
                 pending.accepted.set_exception(error)
             else:
-                pending.deltas.put_nowait(error)
+                pending.outputs.put_nowait(error)
         self._pending.clear()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sarathi.config import EngineConfig
-from sarathi.outputs import IterationStats, RequestMetrics, TokenLogprob
+from sarathi.outputs import IterationStats, RequestOutput
 from sarathi.sampling_params import SamplingParams
 
 # --- API process -> engine core -------------------------------------------------------------------------
@@ -72,22 +72,6 @@ class Rejection:
 
 
 @dataclass(frozen=True)
-class TokenDelta:
-    """What one request got in one iteration. ``metrics`` is set on the last delta of a request."""
-
-    request_id: str
-    new_token_ids: list[int]
-    new_text: str
-    num_prompt_tokens: int
-    num_output_tokens: int
-    finished: bool
-    finish_reason: str | None = None
-    metrics: RequestMetrics | None = None
-    logprobs: list[TokenLogprob] | None = None
-    error: str | None = None  # why the engine failed this request (finish_reason "error")
-
-
-@dataclass(frozen=True)
 class EngineSnapshot:
     """Queue and cache occupancy after the latest iteration."""
 
@@ -107,6 +91,6 @@ class CoreOutputs:
 
     accepted: list[str] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
-    deltas: list[TokenDelta] = field(default_factory=list)
+    outputs: list[RequestOutput] = field(default_factory=list)
     iterations: list[IterationStats] = field(default_factory=list)
     snapshot: EngineSnapshot | None = None

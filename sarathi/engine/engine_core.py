@@ -25,10 +25,8 @@ from sarathi.engine.core_messages import (
     EngineSnapshot,
     Rejection,
     Shutdown,
-    TokenDelta,
 )
 from sarathi.engine.llm_engine import LLMEngine
-from sarathi.outputs import RequestOutput
 
 HEARTBEAT_INTERVAL_S = 0.5
 
@@ -58,11 +56,11 @@ class EngineCore:
                 self.engine.executor.check_health()
             else:
                 iterations_before = self.engine.num_iterations
-                out.deltas.extend(_delta(o) for o in self.engine.step())
+                out.outputs.extend(o.for_transport() for o in self.engine.step())
                 if self.engine.num_iterations > iterations_before:
                     out.iterations.append(self.engine.stats[-1])
             now = time.monotonic()
-            if messages or out.deltas or out.iterations or now - last_sent >= HEARTBEAT_INTERVAL_S:
+            if messages or out.outputs or out.iterations or now - last_sent >= HEARTBEAT_INTERVAL_S:
                 self.outputs.send_pyobj(_with_snapshot(out, self.engine))
                 last_sent = now
 
@@ -101,21 +99,6 @@ class EngineCore:
             raise TypeError(f"unexpected message {type(message).__name__}")
 
 
-def _delta(o: RequestOutput) -> TokenDelta:
-    return TokenDelta(
-        request_id=o.request_id,
-        new_token_ids=o.new_token_ids,
-        new_text=o.new_text,
-        num_prompt_tokens=len(o.prompt_token_ids),
-        num_output_tokens=len(o.token_ids),
-        finished=o.finished,
-        finish_reason=o.finish_reason,
-        metrics=o.metrics if o.finished else None,
-        logprobs=o.new_logprobs,
-        error=o.error,
-    )
-
-
 def _with_snapshot(out: CoreOutputs, engine: LLMEngine) -> CoreOutputs:
     scheduler, blocks = engine.scheduler, engine.block_manager
     snapshot = EngineSnapshot(
@@ -125,7 +108,7 @@ def _with_snapshot(out: CoreOutputs, engine: LLMEngine) -> CoreOutputs:
         num_kv_blocks_used=blocks.num_used_blocks,
         num_kv_blocks_total=blocks.num_blocks,
     )
-    return CoreOutputs(out.accepted, out.rejected, out.deltas, out.iterations, snapshot)
+    return CoreOutputs(out.accepted, out.rejected, out.outputs, out.iterations, snapshot)
 
 
 def run_engine_core(config: EngineConfig, input_address: str, output_address: str, max_waiting: int) -> None:

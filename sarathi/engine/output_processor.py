@@ -46,16 +46,17 @@ class OutputProcessor:
             self._emitted_chars[seq.seq_id] = max(start, end)
         output = RequestOutput(
             request_id=seq.seq_id,
-            prompt_token_ids=seq.prompt_token_ids,
             new_token_ids=[token_id],
             new_text=new_text,
-            token_ids=list(seq.output_token_ids),
-            text=text,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
             finished=seq.is_finished,
             finish_reason=seq.status.finish_reason,
             stop_reason=seq.stop_reason,
             metrics=RequestMetrics.of(seq),
             new_logprobs=None if logprob is None else [logprob],
+            token_ids=list(seq.output_token_ids),
+            text=text,
         )
         if seq.is_finished:
             self.remove(seq.seq_id)
@@ -66,15 +67,16 @@ class OutputProcessor:
         self.remove(seq.seq_id)
         return RequestOutput(
             request_id=seq.seq_id,
-            prompt_token_ids=seq.prompt_token_ids,
             new_token_ids=[],
             new_text="",
-            token_ids=list(seq.output_token_ids),
-            text="",
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
             finished=True,
             finish_reason=SequenceStatus.FINISHED_ERROR.finish_reason,
             metrics=RequestMetrics.of(seq),
             error=error,
+            token_ids=list(seq.output_token_ids),
+            text="",
         )
 
     def _check_stop_strings(

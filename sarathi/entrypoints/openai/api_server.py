@@ -21,7 +21,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import sarathi
 from sarathi.engine.core_client import EngineCoreClient, EngineDeadError, RequestRejectedError, RequestStream
-from sarathi.engine.core_messages import TokenDelta
 from sarathi.entrypoints.openai.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -29,7 +28,7 @@ from sarathi.entrypoints.openai.protocol import (
     validation_error,
 )
 from sarathi.entrypoints.openai.server_metrics import ServerMetrics
-from sarathi.outputs import TokenLogprob
+from sarathi.outputs import RequestOutput, TokenLogprob
 from sarathi.sampling_params import SamplingParams
 from sarathi.tokenizer import Tokenizer
 
@@ -225,11 +224,11 @@ class _CompletionFormat:
         self.model = model
         self.tokenizer = tokenizer
 
-    def chunk(self, rid: str, created: int, delta: TokenDelta, first: bool) -> dict:
+    def chunk(self, rid: str, created: int, delta: RequestOutput, first: bool) -> dict:
         choice = {
             "index": 0,
             "text": delta.new_text,
-            "logprobs": self.logprobs(delta.logprobs),
+            "logprobs": self.logprobs(delta.new_logprobs),
             "finish_reason": delta.finish_reason,
         }
         return self._envelope(rid, created, "text_completion", [choice])
@@ -267,12 +266,12 @@ class _ChatFormat(_CompletionFormat):
 
     id_prefix = "chatcmpl"
 
-    def chunk(self, rid: str, created: int, delta: TokenDelta, first: bool) -> dict:
+    def chunk(self, rid: str, created: int, delta: RequestOutput, first: bool) -> dict:
         content = {"role": "assistant", "content": delta.new_text} if first else {"content": delta.new_text}
         choice = {
             "index": 0,
             "delta": content,
-            "logprobs": self.logprobs(delta.logprobs),
+            "logprobs": self.logprobs(delta.new_logprobs),
             "finish_reason": delta.finish_reason,
         }
         return self._envelope(rid, created, "chat.completion.chunk", [choice])
@@ -351,7 +350,7 @@ async def _respond(
             text.append(delta.new_text)
             finish, num_output = delta.finish_reason, delta.num_output_tokens
             if logprobs is not None:
-                logprobs.extend(delta.logprobs or ())
+                logprobs.extend(delta.new_logprobs or ())
     except EngineDeadError as e:
         raise APIError(str(e), 503, type="server_error", code="engine_dead") from e
     if finish is None:  # the client went away; nobody reads this
@@ -363,7 +362,7 @@ async def _respond(
 
 async def _deltas(
     state: ServerState, raw: Request, stream: RequestStream, num_prompt_tokens: int
-) -> AsyncIterator[TokenDelta]:
+) -> AsyncIterator[RequestOutput]:
     """A request's deltas; aborts it in the engine if the client disconnects or the consumer stops early."""
     try:
         while not stream.finished:

@@ -70,7 +70,7 @@ class ServerMetrics:
             self.iteration_tokens.observe(it.num_tokens)
             if it.num_preempted:
                 self.preemptions.inc(it.num_preempted)
-        for delta in out.deltas:
+        for delta in out.outputs:
             self.generation_tokens.inc(len(delta.new_token_ids))
 
     def observe_request_end(
