@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+GREEDY_TEMPERATURE = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens for one request and when to stop.
 
-    temperature 0 means greedy. top_k 0 (or -1) means no top-k cut. A seed makes the request's samples
-    reproducible regardless of which other requests share its batches. EOS, stop token ids and stop strings
-    are ignored until ``min_tokens`` tokens have been generated. ``logprobs`` = n returns, for every
-    generated token, its log probability under the model and the n most likely alternatives (0: the
-    token's own only); these are the model's raw distribution, before temperature, top-k and top-p.
+    temperature 0 (or anything below 1e-5) means greedy. top_k 0 (or -1) means no top-k cut. A seed
+    makes the request's samples reproducible regardless of which other requests share its batches. EOS,
+    stop token ids and stop strings are ignored until ``min_tokens`` tokens have been generated.
+    ``logprobs`` = n returns, for every generated token, its log probability under the model and the n
+    most likely alternatives (0: the token's own only); these are the model's raw distribution, before
+    temperature, top-k and top-p.
     """
 
     max_tokens: int = 16
@@ -62,8 +65,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """True when the request always takes the most likely token."""
-        return self.temperature == 0.0 or self.top_k == 1
+        """True when the request always takes the most likely token: temperature below
+        ``GREEDY_TEMPERATURE`` (as vLLM; dividing logits by ~1e-38 would overflow them) or top_k 1."""
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
 
 GREEDY = SamplingParams(temperature=0.0)

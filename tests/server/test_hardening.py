@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
 
 from sarathi.worker.sampler import FAULT_TOKEN_ENV
-from tests.server.conftest import ServerProcess, pid_alive
+from tests.server.conftest import ServerProcess, pid_alive, wait_for
 
 FAULT_TOKEN_ID = 4321  # requests that list it in stop_token_ids raise inside the engine's sampler
 
@@ -89,3 +90,64 @@ def test_a_request_that_raises_in_the_engine_fails_alone(faulty_server):
     assert pid_alive(faulty_server.engine_core_pid)
     m = faulty_server.metrics()
     assert m["sarathi_kv_cache_blocks_used"] == 0 and m["sarathi_num_requests_running"] == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": [True, False], "max_tokens": 2}, "prompt"),
+        ({"prompt": "hi", "max_tokens": 2, "stop_token_ids": [True]}, "stop_token_ids"),
+    ],
+)
+def test_booleans_are_not_token_ids(server, body, param):
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    _assert_openai_error(r.json(), "invalid_request_error")
+    assert r.json()["error"]["param"].startswith(param)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # nested far past the parser's recursion
+        b'{"prompt": "hi", "max_tokens": 1' + b"0" * 5000 + b"}",  # an integer of 5,001 digits
+        b'{"prompt": "\\ud800 lone surrogate", "max_tokens": 2}',
+        b'{"messages": [{"role": "user", "content": "\\udfff"}], "max_tokens": 2}',
+    ],
+)
+def test_bodies_that_used_to_be_plain_text_500s_are_openai_400s(server, raw):
+    endpoint = "chat/completions" if b"messages" in raw else "completions"
+    r = httpx.post(
+        f"{server.url}/v1/{endpoint}", content=raw, headers={"content-type": "application/json"}, timeout=60
+    )
+    assert r.status_code == 400, r.text
+    _assert_openai_error(r.json(), "invalid_request_error")
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+def test_temperature_below_1e_5_is_greedy(server):
+    """A temperature of ~1e-38 used to overflow the logits into sampling only the end-of-text token."""
+    greedy = httpx.post(f"{server.url}/v1/completions", json=_greedy("The capital of Italy is"), timeout=120)
+    tiny = _greedy("The capital of Italy is") | {"temperature": 1e-38}
+    r = httpx.post(f"{server.url}/v1/completions", json=tiny, timeout=120)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
+    assert r.json()["usage"]["completion_tokens"] == 12
+
+
+def test_a_non_streaming_client_that_leaves_aborts_its_request(server):
+    """The disconnect check used to run only after a 0.5 s gap between tokens, so a non-streaming request
+    generated to the end after its client left, counted as 'length'."""
+    aborts = 'sarathi_requests_total{finish_reason="abort"}'
+    before = server.metrics().get(aborts, 0.0)
+    body = {"prompt": "Tell me a long story.", "max_tokens": 900, "ignore_eos": True, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", json=body, timeout=1.5)
+    left = time.monotonic()
+
+    def freed() -> bool:
+        m = server.metrics()
+        return m["sarathi_num_requests_running"] == 0 and m.get(aborts, 0.0) == before + 1
+
+    assert wait_for(freed, 5.0), server.metrics()
+    assert time.monotonic() - left < 3
+    assert server.metrics()["sarathi_kv_cache_blocks_used"] == 0

@@ -69,6 +69,11 @@ def create_app(state: ServerState) -> FastAPI:
     async def _api_error(_: Request, e: APIError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, e: Exception) -> JSONResponse:
+        # A bug: still an OpenAI-style body, never a plain-text 500.
+        return JSONResponse(_internal_error(f"{type(e).__name__}: {e}").body(), status_code=500)
+
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
@@ -138,10 +143,18 @@ def create_app(state: ServerState) -> FastAPI:
 async def _parse(raw: Request, model: type[BaseModel]) -> Any:
     try:
         body = await raw.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError) as e:  # ValueError: bad JSON, or an integer of > 4300 digits
         raise APIError(f"the request body is not valid JSON: {e}") from e
+    except RecursionError as e:
+        raise APIError("the request body is nested too deeply") from e
     if not isinstance(body, dict):
         raise APIError("the request body must be a JSON object")
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise APIError("the request body contains a lone UTF-16 surrogate (e.g. \\ud800)") from e
+    except RecursionError as e:
+        raise APIError("the request body is nested too deeply") from e
     try:
         req = model.model_validate(body)
     except ValidationError as e:
@@ -364,12 +377,16 @@ async def _deltas(
     state: ServerState, raw: Request, stream: RequestStream, num_prompt_tokens: int
 ) -> AsyncIterator[RequestOutput]:
     """A request's deltas; aborts it in the engine if the client disconnects or the consumer stops early."""
+    checked = time.monotonic()
     try:
         while not stream.finished:
             delta = await stream.next(timeout=_DISCONNECT_POLL_S)
-            if delta is None:
+            # Checked while tokens flow too: a non-streaming client that left is only seen this way.
+            if delta is None or time.monotonic() - checked >= _DISCONNECT_POLL_S:
+                checked = time.monotonic()
                 if await raw.is_disconnected():
                     return
+            if delta is None:
                 continue
             if delta.finished:
                 state.metrics.observe_request_end(delta.finish_reason, num_prompt_tokens, delta.metrics)

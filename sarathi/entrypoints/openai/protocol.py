@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from sarathi.sampling_params import SamplingParams
 
 NonNegInt = Annotated[int, Field(ge=0)]
+# Token ids: JSON booleans are not integers here (pydantic's lax mode would read true as 1).
+TokenId = Annotated[StrictInt, Field(ge=0)]
 
 
 class APIError(Exception):
@@ -72,7 +74,7 @@ class _SamplingRequest(BaseModel):
     top_k: Annotated[int, Field(ge=-1)] | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[NonNegInt] | None = None
+    stop_token_ids: list[TokenId] | None = None
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -136,7 +138,7 @@ class _SamplingRequest(BaseModel):
 class CompletionRequest(_SamplingRequest):
     """``POST /v1/completions``: one prompt, as text or token ids."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     max_tokens: int | None = 16
     echo: bool = False
     best_of: int | None = None
