@@ -151,3 +151,73 @@ def test_a_non_streaming_client_that_leaves_aborts_its_request(server):
     assert wait_for(freed, 5.0), server.metrics()
     assert time.monotonic() - left < 3
     assert server.metrics()["sarathi_kv_cache_blocks_used"] == 0
+
+
+def test_stop_strings_are_bounded(server):
+    url = f"{server.url}/v1/completions"
+    many = httpx.post(url, json={"prompt": "hi", "max_tokens": 2, "stop": ["x"] * 33}, timeout=60)
+    long = httpx.post(url, json={"prompt": "hi", "max_tokens": 2, "stop": ["y" * 3000]}, timeout=60)
+    for r in (many, long):
+        assert r.status_code == 400 and r.json()["error"]["param"] == "stop", r.text
+    ok = httpx.post(url, json={"prompt": "hi", "max_tokens": 2, "stop": ["x"] * 32}, timeout=60)
+    assert ok.status_code == 200
+
+
+def test_oversized_bodies_and_prompts_are_refused_before_any_work(server):
+    url = f"{server.url}/v1/completions"
+    huge = b'{"prompt": "' + b"a" * (17 * 2**20) + b'"}'
+    r = httpx.post(url, content=huge, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    long_text = "word " * 60_000  # 300,000 characters > 32 x 8192
+    started = time.monotonic()
+    r = httpx.post(url, json={"prompt": long_text, "max_tokens": 2}, timeout=60)
+    assert r.status_code == 400 and "--max-prompt-chars" in r.json()["error"]["message"]
+    assert time.monotonic() - started < 2  # refused without tokenizing
+    chat = {"messages": [{"role": "user", "content": long_text}], "max_tokens": 2}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+
+
+def test_a_text_plain_post_is_refused(server):
+    """A text/plain POST needs no CORS preflight, so any web page could send it."""
+    body = b'{"prompt": "hi", "max_tokens": 2}'
+    r = httpx.post(f"{server.url}/v1/completions", content=body, headers={"content-type": "text/plain"})
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+
+
+@pytest.fixture(scope="module")
+def guarded_server():
+    srv = ServerProcess(
+        "--num-kv-blocks",
+        "256",
+        "--allowed-hosts",
+        "127.0.0.1,localhost",
+        "--allowed-origins",
+        "https://app.example",
+        env={"SARATHI_API_KEY": "sekret"},
+    )
+    yield srv
+    srv.stop()
+
+
+def test_api_key_hosts_and_cors(guarded_server):
+    url = f"{guarded_server.url}/v1/completions"
+    body = {"prompt": "hi", "max_tokens": 2}
+    for headers in ({}, {"authorization": "Bearer wrong"}):
+        r = httpx.post(url, json=body, headers=headers, timeout=60)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(f"{guarded_server.url}/v1/models").status_code == 401
+    auth = {"authorization": "Bearer sekret"}
+    assert httpx.post(url, json=body, headers=auth, timeout=60).status_code == 200
+    assert httpx.get(f"{guarded_server.url}/health").status_code == 200  # no key needed
+    r = httpx.post(url, json=body, headers={**auth, "host": "evil.example"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_host"
+    preflight = {
+        "origin": "https://app.example",
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "authorization, content-type",
+    }
+    r = httpx.options(url, headers=preflight)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+    r = httpx.options(url, headers={**preflight, "origin": "https://evil.example"})
+    assert "access-control-allow-origin" not in r.headers

@@ -6,12 +6,13 @@ that may still turn into a stop string) so streamed text always equals the final
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import sarathi
 from sarathi.engine.core_client import EngineCoreClient, EngineDeadError, RequestRejectedError, RequestStream
+from sarathi.entrypoints.openai.guards import AccessPolicy, RequestLimits, install_access_policy, read_body
 from sarathi.entrypoints.openai.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -45,13 +47,14 @@ class ServerState:
     tokenizer: Tokenizer | None
     metrics: ServerMetrics
     created: int
+    limits: RequestLimits = field(default_factory=RequestLimits)
 
     @property
     def max_model_len(self) -> int:
         return self.client.ready.max_model_len
 
 
-def create_app(state: ServerState) -> FastAPI:
+def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAPI:
     """The app for an already started engine core (``state.client.ready`` is set)."""
 
     @contextlib.asynccontextmanager
@@ -64,6 +67,7 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="sarathi", version=sarathi.__version__, lifespan=lifespan)
     app.state.sarathi = state
     state.client.on_outputs = state.metrics.observe_core_outputs
+    install_access_policy(app, policy or AccessPolicy())
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError) -> JSONResponse:
@@ -110,10 +114,10 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(raw: Request) -> Response:
-        req = await _parse(raw, CompletionRequest)
+        req = await _parse(state, raw, CompletionRequest)
         _check_model(state, req.model)
         prompt = req.single_prompt()
-        prompt_ids = _encode_prompt(state, prompt)
+        prompt_ids = await _encode_prompt(state, prompt)
         params = _sampling_params(state, req, len(prompt_ids), req.max_tokens, "prompt")
         return await _respond(
             state, raw, req, _CompletionFormat(state.model_name, state.tokenizer), prompt_ids, params
@@ -121,12 +125,17 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request) -> Response:
-        req = await _parse(raw, ChatCompletionRequest)
+        req = await _parse(state, raw, ChatCompletionRequest)
         _check_model(state, req.model)
         if state.tokenizer is None:
             raise APIError("this model has no tokenizer", param="messages")
+        conversation = req.conversation()
+        num_chars = sum(len(m["content"]) for m in conversation)
+        state.limits.check_prompt_chars(num_chars, state.max_model_len, "messages")
         try:
-            prompt_ids = state.tokenizer.apply_chat_template(req.conversation(), req.add_generation_prompt)
+            prompt_ids = await asyncio.to_thread(
+                state.tokenizer.apply_chat_template, conversation, req.add_generation_prompt
+            )
         except ValueError as e:
             raise APIError(str(e), param="messages") from e
         params = _sampling_params(state, req, len(prompt_ids), req.requested_max_tokens, "messages")
@@ -140,9 +149,10 @@ def create_app(state: ServerState) -> FastAPI:
 # --- request checks --------------------------------------------------------------------------------------
 
 
-async def _parse(raw: Request, model: type[BaseModel]) -> Any:
+async def _parse(state: ServerState, raw: Request, model: type[BaseModel]) -> Any:
+    data = await read_body(raw, state.limits.max_body_bytes)
     try:
-        body = await raw.json()
+        body = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:  # ValueError: bad JSON, or an integer of > 4300 digits
         raise APIError(f"the request body is not valid JSON: {e}") from e
     except RecursionError as e:
@@ -174,11 +184,13 @@ def _check_model(state: ServerState, name: str | None) -> None:
         )
 
 
-def _encode_prompt(state: ServerState, prompt: str | list[int]) -> list[int]:
+async def _encode_prompt(state: ServerState, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, str):
         if state.tokenizer is None:
             raise APIError("this model has no tokenizer: send the prompt as token ids", param="prompt")
-        ids = state.tokenizer.encode(prompt) if prompt else []
+        state.limits.check_prompt_chars(len(prompt), state.max_model_len, "prompt")
+        # Off the event loop: a long prompt must not stall /health and every open stream.
+        ids = await asyncio.to_thread(state.tokenizer.encode, prompt) if prompt else []
     else:
         vocab = state.client.ready.vocab_size
         bad = [t for t in prompt if not 0 <= t < vocab]
@@ -212,6 +224,7 @@ def _sampling_params(
             param="max_tokens",
             code="context_length_exceeded",
         )
+    state.limits.check_stop(req.stop_strings())
     try:
         params = req.sampling_params(max_tokens)
     except ValueError as e:

@@ -12,6 +12,14 @@ import sys
 import time
 
 from sarathi.entrypoints.args import add_engine_args, engine_config_from_args
+from sarathi.entrypoints.openai.guards import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_STOP_STRING_CHARS,
+    DEFAULT_MAX_STOP_STRINGS,
+    PROMPT_CHARS_PER_TOKEN,
+    AccessPolicy,
+    RequestLimits,
+)
 
 DEFAULT_PORT = 8000
 
@@ -35,6 +43,27 @@ def add_parser(sub) -> argparse.ArgumentParser:
     http.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
+    guard = p.add_argument_group("limits and access")
+    guard.add_argument(
+        "--api-key",
+        default=os.environ.get("SARATHI_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1/* (default: $SARATHI_API_KEY, else none)",
+    )
+    guard.add_argument(
+        "--allowed-origins", default="", help="comma-separated origins browsers may call from (CORS)"
+    )
+    guard.add_argument(
+        "--allowed-hosts", default=None, help="comma-separated Host header names accepted (default: any)"
+    )
+    guard.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    guard.add_argument(
+        "--max-prompt-chars",
+        type=int,
+        default=None,
+        help=f"prompt characters accepted before tokenizing (default {PROMPT_CHARS_PER_TOKEN} x context)",
+    )
+    guard.add_argument("--max-stop-strings", type=int, default=DEFAULT_MAX_STOP_STRINGS)
+    guard.add_argument("--max-stop-string-chars", type=int, default=DEFAULT_MAX_STOP_STRING_CHARS)
     add_engine_args(p)
     p.set_defaults(run=run)
     return p
@@ -56,6 +85,17 @@ def run(args: argparse.Namespace) -> int:
         args.model = args.model_tag
     try:
         config = engine_config_from_args(args)
+        limits = RequestLimits(
+            max_body_bytes=args.max_body_bytes,
+            max_prompt_chars=args.max_prompt_chars,
+            max_stop_strings=args.max_stop_strings,
+            max_stop_string_chars=args.max_stop_string_chars,
+        )
+        policy = AccessPolicy(
+            api_key=args.api_key or None,
+            allowed_origins=_csv(args.allowed_origins),
+            allowed_hosts=None if args.allowed_hosts is None else _csv(args.allowed_hosts.lower()),
+        )
         if args.max_waiting < 1:
             raise ValueError(f"--max-waiting must be >= 1, got {args.max_waiting}")
         if not 0 <= args.port <= 65535:
@@ -64,13 +104,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_serve(args, config))
+        return asyncio.run(_serve(args, config, limits, policy))
     except RuntimeError as e:  # the engine core could not start
         print(f"error: {e}", file=sys.stderr)
         return 1
 
 
-async def _serve(args: argparse.Namespace, config) -> int:
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+async def _serve(args: argparse.Namespace, config, limits: RequestLimits, policy: AccessPolicy) -> int:
     import uvicorn
 
     from sarathi.engine.core_client import EngineCoreClient
@@ -84,8 +128,8 @@ async def _serve(args: argparse.Namespace, config) -> int:
     try:
         ready = await client.start()
         tokenizer = Tokenizer(ready.tokenizer_dir) if ready.tokenizer_dir else None
-        state = ServerState(client, name, tokenizer, ServerMetrics(), int(time.time()))
-        app = create_app(state)
+        state = ServerState(client, name, tokenizer, ServerMetrics(), int(time.time()), limits)
+        app = create_app(state, policy)
         server = uvicorn.Server(
             uvicorn.Config(
                 app,
@@ -104,6 +148,8 @@ async def _serve(args: argparse.Namespace, config) -> int:
             "num_kv_blocks": ready.num_kv_blocks,
             "block_size": ready.block_size,
             "max_waiting": args.max_waiting,
+            "limits": dataclasses.asdict(limits),
+            "api_key_required": policy.api_key is not None,
             **dataclasses.asdict(ready.config),
         }
         print(f"sarathi serve: effective config {json.dumps(effective, default=str)}", flush=True)
