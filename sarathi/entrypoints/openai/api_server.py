@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import sarathi
 from sarathi.engine.core_client import EngineCoreClient, EngineDeadError, RequestRejectedError, RequestStream
 from sarathi.entrypoints.openai.guards import AccessPolicy, RequestLimits, install_access_policy, read_body
+from sarathi.entrypoints.openai.openapi_docs import document_request_bodies
 from sarathi.entrypoints.openai.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -68,6 +69,9 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
     app.state.sarathi = state
     state.client.on_outputs = state.metrics.observe_core_outputs
     install_access_policy(app, policy or AccessPolicy())
+    document_request_bodies(
+        app, {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest}
+    )
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError) -> JSONResponse:
