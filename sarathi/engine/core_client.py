@@ -100,9 +100,11 @@ class RequestStream:
 class EngineCoreClient:
     """Starts the engine-core process and talks to it over two ZeroMQ PUSH/PULL pairs."""
 
-    def __init__(self, config: EngineConfig, max_waiting: int) -> None:
+    def __init__(self, config: EngineConfig, max_waiting: int, restart_on_failure: bool = False) -> None:
         self.config = config
         self.max_waiting = max_waiting
+        self.restart_on_failure = restart_on_failure
+        self.num_restarts = 0
         self.ready: EngineReady | None = None
         self.snapshot: EngineSnapshot | None = None
         self.dead_reason: str | None = None
@@ -277,6 +279,24 @@ class EngineCoreClient:
             await asyncio.sleep(_WATCHDOG_INTERVAL_S)
         if self.dead_reason is None:
             self._die(f"engine core process exited (exit code {self._process.exitcode})")
+        if self.restart_on_failure and not self._closed:
+            await self._restart()
+
+    async def _restart(self) -> None:
+        """Start a fresh engine core after a crash; requests in flight have already failed. /health is
+        503 until the new one is ready."""
+        for task in self._tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        print(f"sarathi serve: restarting the engine core ({self.dead_reason})", flush=True)
+        try:
+            ready = await self.start()
+        except RuntimeError as e:
+            print(f"sarathi serve: the engine core could not be restarted: {e}", flush=True)
+            return
+        self.num_restarts += 1
+        self.dead_reason = None
+        print(f"sarathi serve: engine core restarted (pid {ready.pid})", flush=True)
 
     def _die(self, reason: str) -> None:
         self.dead_reason = reason

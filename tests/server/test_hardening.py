@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import httpx
@@ -221,3 +223,20 @@ def test_api_key_hosts_and_cors(guarded_server):
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
     r = httpx.options(url, headers={**preflight, "origin": "https://evil.example"})
     assert "access-control-allow-origin" not in r.headers
+
+
+def test_restart_engine_on_failure_brings_a_new_engine_core_up():
+    srv = ServerProcess("--num-kv-blocks", "256", "--restart-engine-on-failure")
+    try:
+        url = f"{srv.url}/v1/completions"
+        before = httpx.post(url, json=_greedy("The sky is"), timeout=120).json()["choices"][0]["text"]
+        os.kill(srv.engine_core_pid, signal.SIGKILL)
+        assert wait_for(lambda: httpx.get(f"{srv.url}/health").status_code == 503, 5)
+        assert wait_for(lambda: httpx.get(f"{srv.url}/health").status_code == 200, 120)
+        assert "engine core restarted" in srv.output() and not pid_alive(srv.engine_core_pid)
+        after = httpx.post(url, json=_greedy("The sky is"), timeout=120).json()["choices"][0]["text"]
+        assert after == before
+        new_pid = int(srv.output().split("engine core restarted (pid ")[1].split(")")[0])
+        srv.engine_core_pid = new_pid  # so stop() checks the new one
+    finally:
+        srv.stop()

@@ -41,6 +41,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="seconds in-flight requests get on SIGINT/SIGTERM",
     )
     http.add_argument(
+        "--restart-engine-on-failure",
+        action="store_true",
+        help="start a new engine core when it dies (in-flight requests still fail; /health is 503 meanwhile)",
+    )
+    http.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
     guard = p.add_argument_group("limits and access")
@@ -124,7 +129,7 @@ async def _serve(args: argparse.Namespace, config, limits: RequestLimits, policy
 
     name = served_model_name(config.model.model, args.served_model_name)
     print(f"sarathi serve: loading {name} ...", flush=True)
-    client = EngineCoreClient(config, args.max_waiting)
+    client = EngineCoreClient(config, args.max_waiting, args.restart_engine_on_failure)
     try:
         ready = await client.start()
         tokenizer = Tokenizer(ready.tokenizer_dir) if ready.tokenizer_dir else None
