@@ -52,10 +52,10 @@ class LLMEngine:
         resolved = resolve_model(mc.model, mc.load_format, mc.hf_config)
         self.arch, self.tokenizer_dir = resolved.arch, resolved.tokenizer_dir
         self.tokenizer = Tokenizer(self.tokenizer_dir) if self.tokenizer_dir else None
-        self.max_model_len = self._resolve_max_model_len()
         self.num_kv_blocks = self._resolve_num_blocks()
         self.eos_token_ids = self._eos_token_ids(self.tokenizer_dir)
         self.block_manager = BlockManager(self.num_kv_blocks, cc.block_size, cc.watermark)
+        self.max_model_len = self._resolve_max_model_len()
         self.scheduler = make_scheduler(config.scheduler, self.block_manager, self.max_model_len)
         self.executor = make_executor(config, self.num_kv_blocks, self.eos_token_ids)
         self.step_builder = StepBuilder(self.block_manager)
@@ -68,12 +68,30 @@ class LLMEngine:
 
     # --- setup -------------------------------------------------------------------------------------------
     def _resolve_max_model_len(self) -> int:
+        """The model's context length, or ``max_model_len``; capped to what the KV cache can hold when
+        not given, refused (naming both numbers and the flags) when given and too large."""
         limit = self.arch.max_position_embeddings
         asked = self.config.model.max_model_len
-        if asked is None:
-            return limit
-        if asked > limit:
+        if asked is not None and asked > limit:
             raise ValueError(f"max_model_len {asked} exceeds the model's max_position_embeddings {limit}")
+        bm = self.block_manager
+        capacity = (bm.num_blocks - bm.watermark_blocks) * bm.block_size
+        if asked is None:
+            if capacity < limit:
+                logger.warning(
+                    "the KV cache holds %d tokens, fewer than the model's context of %d: max_model_len is %d "
+                    "(raise --num-kv-blocks / --kv-cache-memory for more)",
+                    capacity,
+                    limit,
+                    capacity,
+                )
+            return min(limit, capacity)
+        if asked > capacity:
+            raise ValueError(
+                f"max_model_len {asked} does not fit the KV cache, which holds {capacity} tokens "
+                f"({bm.num_blocks} blocks of {bm.block_size}); lower --max-model-len or raise "
+                "--num-kv-blocks / --kv-cache-memory"
+            )
         return asked
 
     def _eos_token_ids(self, folder: str | None) -> tuple[int, ...]:

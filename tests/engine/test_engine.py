@@ -199,11 +199,20 @@ def test_a_request_whose_sampling_raises_fails_alone(llm, monkeypatch):
     assert engine.block_manager.num_used_blocks == 0
 
 
-def test_prompt_larger_than_the_kv_cache():
-    tiny = LLM(num_kv_blocks=4, max_model_len=512)
-    with pytest.raises(ValueError, match=r"prompt 1: .*cache"):
+def test_max_model_len_must_fit_the_kv_cache():
+    """A max_model_len the KV cache cannot hold is refused at startup naming both numbers and the flags;
+    without one, the context is capped to the cache (it used to refuse requests later, blaming the prompt)."""
+    with pytest.raises(
+        ValueError, match=r"max_model_len 512 does not fit the KV cache, which holds 64 tokens"
+    ):
+        LLM(num_kv_blocks=4, max_model_len=512)
+    tiny = LLM(num_kv_blocks=4)
+    assert tiny.engine.max_model_len == 64
+    with pytest.raises(ValueError, match=r"prompt 1: .*max_model_len=64"):
         tiny.generate([[5] * 10, [5] * 100], SamplingParams(max_tokens=4), use_tqdm=False)
     assert not tiny.engine.has_unfinished_requests()
+    out = tiny.generate([[5] * 60], SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)[0]
+    assert len(out.token_ids) == 4 and out.finish_reason == "length"
 
 
 def test_config_errors_name_the_problem():

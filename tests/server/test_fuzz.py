@@ -29,9 +29,7 @@ def _fuzz(srv: ServerProcess, path: str, mode: GenerationMode, examples: int) ->
     schema = schemathesis.openapi.from_url(f"{srv.url}/openapi.json")
     statuses: dict[int, int] = {}
 
-    @settings(
-        max_examples=examples, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
-    )
+    @settings(max_examples=examples, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(case=schema[path]["POST"].as_strategy(generation_mode=mode))
     def run(case) -> None:
         r = case.call(base_url=srv.url, timeout=120)

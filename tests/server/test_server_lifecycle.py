@@ -76,11 +76,27 @@ def test_full_waiting_queue_gets_429_with_retry_after(one_seq_server):
     assert r.status_code == 200
 
 
-def test_request_larger_than_the_kv_cache_gets_400(one_seq_server):
-    url = f"{one_seq_server.url}/v1/completions"
+def test_the_context_is_capped_to_the_kv_cache(one_seq_server):
+    """A 1024-token KV cache under the model's 8192-token context: the served context is 1024, so chat
+    without max_tokens works (it used to be refused, blaming the prompt) and a request too large for the
+    cache is a 400 naming the context."""
+    srv = one_seq_server
+    assert httpx.get(f"{srv.url}/v1/models").json()["data"][0]["max_model_len"] == 1024
+    chat = {"messages": [{"role": "user", "content": "Say hi."}], "temperature": 0}
+    r = httpx.post(f"{srv.url}/v1/chat/completions", json=chat, timeout=300)
+    assert r.status_code == 200, r.text
+    url = f"{srv.url}/v1/completions"
     r = httpx.post(url, json={"prompt": [7] * 1000, "max_tokens": 100}, timeout=60)
-    assert r.status_code == 400 and "KV blocks" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "maximum context length is 1024" in r.json()["error"]["message"]
     assert httpx.post(url, json={"prompt": [7] * 100, "max_tokens": 2}, timeout=120).status_code == 200
+
+
+def test_a_max_model_len_the_kv_cache_cannot_hold_is_refused_at_startup():
+    with pytest.raises(RuntimeError) as e:
+        ServerProcess("--num-kv-blocks", "64", "--max-model-len", "8192")
+    message = str(e.value)
+    assert "max_model_len 8192 does not fit the KV cache, which holds 1024 tokens" in message
+    assert "--num-kv-blocks" in message
 
 
 def test_engine_core_death_fails_health_and_in_flight_requests(one_seq_server):
