@@ -196,10 +196,25 @@ def guarded_server():
         "127.0.0.1,localhost",
         "--allowed-origins",
         "https://app.example",
+        "--max-logprobs",
+        "2",
         env={"SARATHI_API_KEY": "sekret"},
     )
     yield srv
     srv.stop()
+
+
+def test_max_logprobs(guarded_server):
+    auth = {"authorization": "Bearer sekret"}
+    url = f"{guarded_server.url}/v1"
+    body = {"prompt": "hi", "max_tokens": 2, "logprobs": 3}
+    r = httpx.post(f"{url}/completions", json=body, headers=auth, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs", r.text
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "logprobs": True}
+    r = httpx.post(f"{url}/chat/completions", json=chat | {"top_logprobs": 3}, headers=auth, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs", r.text
+    r = httpx.post(f"{url}/completions", json=body | {"logprobs": 2}, headers=auth, timeout=60)
+    assert r.status_code == 200 and len(r.json()["choices"][0]["logprobs"]["top_logprobs"][0]) == 2
 
 
 def test_api_key_hosts_and_cors(guarded_server):

@@ -229,6 +229,8 @@ def _sampling_params(
             code="context_length_exceeded",
         )
     state.limits.check_stop(req.stop_strings())
+    logprobs_param = "top_logprobs" if isinstance(req, ChatCompletionRequest) else "logprobs"
+    state.limits.check_logprobs(req.num_logprobs(), logprobs_param)
     try:
         params = req.sampling_params(max_tokens)
     except ValueError as e:

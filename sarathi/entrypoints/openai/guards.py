@@ -18,6 +18,7 @@ DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 PROMPT_CHARS_PER_TOKEN = 32
 DEFAULT_MAX_STOP_STRINGS = 32
 DEFAULT_MAX_STOP_STRING_CHARS = 256
+MAX_LOGPROBS = 20  # OpenAI's bound on top_logprobs, and the most SamplingParams accepts
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,11 @@ class RequestLimits:
     max_prompt_chars: int | None = None
     max_stop_strings: int = DEFAULT_MAX_STOP_STRINGS
     max_stop_string_chars: int = DEFAULT_MAX_STOP_STRING_CHARS
+    max_logprobs: int = MAX_LOGPROBS
 
     def __post_init__(self) -> None:
+        if not 0 <= self.max_logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"--max-logprobs must be in [0, {MAX_LOGPROBS}], got {self.max_logprobs}")
         for name in ("max_body_bytes", "max_prompt_chars", "max_stop_strings", "max_stop_string_chars"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -58,6 +62,14 @@ class RequestLimits:
                 f"stop: a stop string of {longest} characters, at most {self.max_stop_string_chars} "
                 "(--max-stop-string-chars)",
                 param="stop",
+            )
+
+    def check_logprobs(self, num_logprobs: int | None, param: str) -> None:
+        if num_logprobs is not None and num_logprobs > self.max_logprobs:
+            raise APIError(
+                f"{param}: {num_logprobs} alternatives per token, at most {self.max_logprobs} "
+                "(--max-logprobs)",
+                param=param,
             )
 
 

@@ -16,6 +16,7 @@ from sarathi.entrypoints.openai.guards import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_STOP_STRING_CHARS,
     DEFAULT_MAX_STOP_STRINGS,
+    MAX_LOGPROBS,
     PROMPT_CHARS_PER_TOKEN,
     AccessPolicy,
     RequestLimits,
@@ -69,6 +70,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     guard.add_argument("--max-stop-strings", type=int, default=DEFAULT_MAX_STOP_STRINGS)
     guard.add_argument("--max-stop-string-chars", type=int, default=DEFAULT_MAX_STOP_STRING_CHARS)
+    guard.add_argument(
+        "--max-logprobs", type=int, default=MAX_LOGPROBS, help="alternatives per token a request may ask for"
+    )
     add_engine_args(p)
     p.set_defaults(run=run)
     return p
@@ -95,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
             max_prompt_chars=args.max_prompt_chars,
             max_stop_strings=args.max_stop_strings,
             max_stop_string_chars=args.max_stop_string_chars,
+            max_logprobs=args.max_logprobs,
         )
         policy = AccessPolicy(
             api_key=args.api_key or None,
