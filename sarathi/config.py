@@ -69,8 +69,16 @@ class SchedulerConfig:
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int | None = None
     chunk_schedule: ChunkSchedule | None = None
+    #: With a value (seconds), the sarathi scheduler sets each iteration's budget (at most
+    #: ``token_budget``) from the running decodes' slack to this P99 TBT target and a latency model.
+    adaptive_tbt_slo: float | None = None
 
     def __post_init__(self) -> None:
+        if self.adaptive_tbt_slo is not None:
+            if not self.adaptive_tbt_slo > 0:
+                raise ValueError(f"adaptive_tbt_slo must be > 0 seconds, got {self.adaptive_tbt_slo}")
+            if self.name != "sarathi":
+                raise ValueError(f"the adaptive token budget needs the sarathi scheduler, not {self.name!r}")
         if self.name not in SCHEDULER_NAMES:
             raise ValueError(f"unknown scheduler {self.name!r}; choose one of: {', '.join(SCHEDULER_NAMES)}")
         if self.token_budget < 1:
@@ -197,6 +205,7 @@ def engine_config(
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
     max_num_batched_tokens: int | None = None,
     chunk_schedule: ChunkSchedule | None = None,
+    adaptive_tbt_slo: float | None = None,
     dtype: str = "float32",
     compute_dtype: str = "float32",
     load_format: str = "auto",
@@ -230,6 +239,7 @@ def engine_config(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             chunk_schedule=chunk_schedule,
+            adaptive_tbt_slo=adaptive_tbt_slo,
         ),
         parallel=ParallelConfig(
             tensor_parallel_size=tensor_parallel_size,

@@ -24,6 +24,7 @@ class Probe:
     qps: float
     tbt_p99: float
     scheduling_delay_p50: float
+    ttft_p99: float = math.nan
 
     def meets(self, slo: Slo) -> bool:
         return (
@@ -31,20 +32,25 @@ class Probe:
             and self.tbt_p99 <= slo.tbt_p99
             and math.isfinite(self.scheduling_delay_p50)
             and self.scheduling_delay_p50 <= slo.max_scheduling_delay
+            and (slo.ttft_p99 is None or (math.isfinite(self.ttft_p99) and self.ttft_p99 <= slo.ttft_p99))
         )
 
 
 @dataclass(frozen=True)
 class Slo:
-    """A latency target: P99 TBT (seconds) and the median scheduling delay bound (seconds)."""
+    """A latency target: P99 TBT (seconds), the median scheduling delay bound (seconds) and, optionally,
+    a P99 TTFT bound (seconds)."""
 
     label: str
     tbt_p99: float
     max_scheduling_delay: float = DEFAULT_MAX_SCHEDULING_DELAY
+    ttft_p99: float | None = None
 
     def __post_init__(self) -> None:
         if not self.tbt_p99 > 0:
             raise ValueError(f"the TBT SLO must be > 0 s, got {self.tbt_p99}")
+        if self.ttft_p99 is not None and not self.ttft_p99 > 0:
+            raise ValueError(f"the TTFT SLO must be > 0 s, got {self.ttft_p99}")
         if not self.max_scheduling_delay > 0:
             raise ValueError(f"the scheduling delay bound must be > 0 s, got {self.max_scheduling_delay}")
 

@@ -1,6 +1,7 @@
 """``sarathi profile``: iteration latency over a (prefill tokens, decode batch size, context) grid.
 
-Writes ``profile.csv`` and ``profile.png`` to ``--output-dir`` and prints one table per context length.
+Writes ``profile.csv``, ``profile.png`` and ``latency_model.json`` (the fitted latency model the simulator
+reads, with its held-out error) to ``--output-dir`` and prints one table per context length.
 """
 
 from __future__ import annotations
@@ -82,7 +83,35 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(results))
     print(f"{len(results)} grid points, {args.repeats} timed runs each, {time.monotonic() - started:.0f} s")
     print(f"wrote {csv_path}\nwrote {png_path}")
+    model_path = _write_latency_model(engine, results, out / "latency_model.json")
+    if model_path is not None:
+        print(f"wrote {model_path}")
     return 0
+
+
+def _write_latency_model(engine, results, path: Path) -> Path | None:
+    """Fit the simulator's latency model to ``results``, print its held-out error and save it (with the
+    engine's measured per-iteration overhead); None when the grid is too small to fit."""
+    from sarathi.simulator.machine_profile import measure_engine_overhead, profile_key, samples_from_results
+    from sarathi.simulator.measured import cross_validate, fit
+
+    samples = samples_from_results(results)
+    if len(samples) < 10:
+        print("latency model: not fitted (needs at least 10 grid points)")
+        return None
+    model = fit(samples, num_stages=engine.config.parallel.pipeline_parallel_size)
+    held_out = cross_validate(samples)
+    model.engine_overhead_s = measure_engine_overhead(engine)
+    model.metadata = {
+        **profile_key(engine.config),
+        "num_points": len(samples),
+        "held_out_error": {"median": held_out.median, "p90": held_out.p90, "max": held_out.max},
+    }
+    print(
+        f"latency model: held-out relative error {held_out}; engine overhead "
+        f"{model.engine_overhead_s * 1e3:.2f} ms per iteration"
+    )
+    return model.save(path)
 
 
 def format_table(results) -> str:

@@ -32,6 +32,37 @@ def warm_up(engine, prompt_token_ids: Sequence[int], num_output_tokens: int = 4)
     engine.take_stage_timings()
 
 
+class StoreFeeder:
+    """Feeds one engine's completed iterations, stage timings and request outputs into a metrics store."""
+
+    def __init__(self, engine, store: MetricsStore) -> None:
+        self.engine = engine
+        self.store = store
+        self.last_iteration = engine.stats[-1].iteration if engine.stats else -1
+        self.num_finished = 0
+
+    def after_step(self, outputs) -> bool:
+        """Record what ``engine.step()`` produced; True when it completed an iteration."""
+        engine, store = self.engine, self.store
+        stats = engine.stats[-1] if engine.stats else None
+        completed = stats is not None and stats.iteration != self.last_iteration
+        if completed:
+            self.last_iteration = stats.iteration
+            store.on_iteration(stats)
+            store.on_stage_timings(engine.take_stage_timings())
+        for out in outputs:
+            m = out.metrics
+            rid = out.request_id
+            if m.first_scheduled_time is not None:
+                store.on_scheduled(rid, m.first_scheduled_time)
+            for _ in out.new_token_ids:
+                store.on_token(rid, m.token_times[-1])
+            if out.finished:
+                store.on_finish(rid, m.finished_time, m.num_preemptions)
+                self.num_finished += 1
+        return completed
+
+
 def run_in_process(
     engine,
     requests: Sequence[BenchRequest],
@@ -49,7 +80,7 @@ def run_in_process(
         from tqdm import tqdm
 
         bar = tqdm(total=len(pending), desc=desc, unit="req", leave=False)
-    last_iteration = engine.stats[-1].iteration if engine.stats else -1
+    feeder = StoreFeeder(engine, store)
     next_i, idle = 0, 0
     t0 = time.monotonic()
     try:
@@ -66,28 +97,14 @@ def run_in_process(
             if not engine.has_unfinished_requests():
                 time.sleep(max(0.0, t0 + pending[next_i].arrival_time - time.monotonic()))
                 continue
-            outputs = engine.step()
-            stats = engine.stats[-1] if engine.stats else None
-            if stats is not None and stats.iteration != last_iteration:
-                last_iteration = stats.iteration
-                store.on_iteration(stats)
-                store.on_stage_timings(engine.take_stage_timings())
+            if feeder.after_step(engine.step()):
                 idle = 0
             else:
                 idle += 1
                 if idle > _MAX_IDLE_STEPS:
                     raise RuntimeError("the engine stopped making progress with requests unfinished")
-            for out in outputs:
-                m = out.metrics
-                rid = out.request_id
-                if m.first_scheduled_time is not None:
-                    store.on_scheduled(rid, m.first_scheduled_time)
-                for _ in out.new_token_ids:
-                    store.on_token(rid, m.token_times[-1])
-                if out.finished:
-                    store.on_finish(rid, m.finished_time, m.num_preemptions)
-                    if bar is not None:
-                        bar.update(1)
+            if bar is not None and feeder.num_finished > bar.n:
+                bar.update(feeder.num_finished - bar.n)
     finally:
         if bar is not None:
             bar.close()

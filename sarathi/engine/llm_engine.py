@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +18,7 @@ from sarathi.core.block_manager import BlockManager
 from sarathi.core.schedulers import make_scheduler
 from sarathi.core.sequence import Sequence, SequenceStatus
 from sarathi.engine.output_processor import OutputProcessor
-from sarathi.executor import WorkerFailedError, make_executor
+from sarathi.executor import Executor, WorkerFailedError, make_executor
 from sarathi.executor.messages import SampledToken, StageTiming
 from sarathi.executor.multiproc import shards_of
 from sarathi.executor.step_builder import StepBuilder
@@ -44,10 +45,24 @@ class LLMEngine:
     ``step()`` runs one iteration: it keeps up to ``pipeline_parallel_size`` micro-batches in flight
     and returns the outputs of the oldest. Bad requests raise ``ValueError`` from ``add_request`` and
     leave every other request untouched.
+
+    ``clock`` (default ``time.monotonic``) stamps arrivals, schedules and tokens; ``executor_factory``
+    (default ``make_executor``) builds the executor from (config, KV blocks, EOS ids). The simulator
+    passes a simulated clock and an executor that charges a latency model instead of running a model.
+    With ``adaptive_tbt_slo`` set, the scheduler's budget follows the running decodes' slack, predicted by
+    ``budget_latency_model`` (default: this machine's cached profile, measured once if missing).
     """
 
-    def __init__(self, config: EngineConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        executor_factory: Callable[[EngineConfig, int, tuple[int, ...]], Executor] = make_executor,
+        budget_latency_model=None,
+    ) -> None:
         self.config = config = config or EngineConfig()
+        self.clock = clock
         mc, cc = config.model, config.cache
         resolved = resolve_model(mc.model, mc.load_format, mc.hf_config)
         self.arch, self.tokenizer_dir = resolved.arch, resolved.tokenizer_dir
@@ -57,7 +72,16 @@ class LLMEngine:
         self.block_manager = BlockManager(self.num_kv_blocks, cc.block_size, cc.watermark)
         self.max_model_len = self._resolve_max_model_len()
         self.scheduler = make_scheduler(config.scheduler, self.block_manager, self.max_model_len)
-        self.executor = make_executor(config, self.num_kv_blocks, self.eos_token_ids)
+        if config.scheduler.adaptive_tbt_slo is not None:
+            from sarathi.simulator.adaptive_budget import AdaptiveBudget
+
+            if budget_latency_model is None:
+                from sarathi.simulator.machine_profile import machine_latency_model
+
+                budget_latency_model = machine_latency_model(config)
+            slo = config.scheduler.adaptive_tbt_slo
+            self.scheduler.budget_controller = AdaptiveBudget(slo, budget_latency_model)
+        self.executor = executor_factory(config, self.num_kv_blocks, self.eos_token_ids)
         self.step_builder = StepBuilder(self.block_manager)
         self.outputs = OutputProcessor(self.tokenizer, self.scheduler)
         self.stats: collections.deque[IterationStats] = collections.deque(maxlen=_MAX_KEPT_STATS)
@@ -108,16 +132,19 @@ class LLMEngine:
         return tuple(dict.fromkeys(int(i) for i in ids))
 
     def _resolve_num_blocks(self) -> int:
+        return self.kv_blocks_for(self.config, self.arch)
+
+    @staticmethod
+    def kv_blocks_for(config: EngineConfig, arch) -> int:
         """Blocks in the pool: ``num_kv_blocks``, or what the memory budget (per worker) holds on the
         worker whose shard needs the most bytes per block."""
-        cc = self.config.cache
+        cc = config.cache
         if cc.num_kv_blocks is not None:
             return cc.num_kv_blocks
         gib = DEFAULT_KV_CACHE_MEMORY_GIB if cc.kv_cache_memory_gib is None else cc.kv_cache_memory_gib
-        dtype = getattr(torch, self.config.model.dtype)
+        dtype = getattr(torch, config.model.dtype)
         per_block = max(
-            kv_cache_bytes_per_block(self.arch, cc.block_size, dtype, shard)
-            for shard in shards_of(self.config)
+            kv_cache_bytes_per_block(arch, cc.block_size, dtype, shard) for shard in shards_of(config)
         )
         num_blocks = int(gib * 2**30) // per_block
         if num_blocks < 1:
@@ -144,7 +171,7 @@ class LLMEngine:
             seq_id=request_id,
             prompt_token_ids=token_ids,
             sampling_params=params,
-            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+            arrival_time=self.clock() if arrival_time is None else arrival_time,
             max_model_len=self.max_model_len,
             eos_token_ids=self.eos_token_ids,
         )
@@ -173,7 +200,7 @@ class LLMEngine:
         """Stop a request wherever it is (also while in flight); its KV blocks are freed. Unknown ids
         are ignored."""
         if request_id in self._seqs:
-            self.scheduler.abort_sequence(request_id, time.monotonic())
+            self.scheduler.abort_sequence(request_id, self.clock())
             self._forget(request_id)
 
     def has_unfinished_requests(self) -> bool:
@@ -198,7 +225,7 @@ class LLMEngine:
         ``WorkerFailedError``: the engine cannot go on.
         """
         while len(self._in_flight) < self.executor.max_in_flight:
-            start = time.monotonic()
+            start = self.clock()
             batch = self.scheduler.schedule(start)
             if batch.is_empty:
                 break
@@ -219,7 +246,7 @@ class LLMEngine:
             message = f"the model failed on this request's batch: {type(e).__name__}: {e}"
             sampling = batch.entries
             results = [SampledToken(None, error=message)] * len(sampling)
-        end = time.monotonic()
+        end = self.clock()
         self._stage_timings.extend(self.executor.drain_timings())
         outputs = []
         for e, r in zip(sampling, results, strict=True):

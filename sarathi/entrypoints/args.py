@@ -40,7 +40,23 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     s = parser.add_argument_group("scheduler")
     s.add_argument("--scheduler", default="sarathi", help=f"one of: {', '.join(SCHEDULER_NAMES)}")
-    s.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET, help="tokens per iteration")
+    s.add_argument(
+        "--token-budget",
+        type=token_budget_arg,
+        default=DEFAULT_TOKEN_BUDGET,
+        help="tokens per iteration, or 'auto': chosen for --tbt-slo by simulation on this machine's profile",
+    )
+    s.add_argument(
+        "--tbt-slo",
+        type=float,
+        default=None,
+        help="P99 time between tokens (s) for --token-budget auto and --adaptive-budget",
+    )
+    s.add_argument(
+        "--adaptive-budget",
+        action="store_true",
+        help="sarathi: size each iteration to the decodes' slack to --tbt-slo (--token-budget is the cap)",
+    )
     s.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS)
     s.add_argument(
         "--max-num-batched-tokens", type=int, default=None, help="prompt tokens per batch (vllm/orca/ft)"
@@ -66,13 +82,44 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def token_budget_arg(text: str) -> int | str:
+    """``--token-budget``: a positive integer or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+
+
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    """Build a validated EngineConfig from parsed flags (ValueError names a bad flag value)."""
+    """Build a validated EngineConfig from parsed flags (ValueError names a bad flag value).
+
+    ``--token-budget auto`` runs ``sarathi tune`` for ``--tbt-slo`` on this machine's latency profile
+    (profiling once and caching it) and uses the budget it chooses.
+    """
+    if args.token_budget == "auto":
+        from sarathi.simulator.auto_budget import auto_token_budget
+
+        budget = auto_token_budget(_engine_config(args, DEFAULT_TOKEN_BUDGET), getattr(args, "tbt_slo", None))
+        return _engine_config(args, budget)
+    return _engine_config(args, args.token_budget)
+
+
+def _adaptive_slo(args: argparse.Namespace) -> float | None:
+    if not getattr(args, "adaptive_budget", False):
+        return None
+    if getattr(args, "tbt_slo", None) is None:
+        raise ValueError("--adaptive-budget needs --tbt-slo SECONDS")
+    return args.tbt_slo
+
+
+def _engine_config(args: argparse.Namespace, token_budget: int) -> EngineConfig:
     schedule = None
     if args.low_chunk_size is not None:
         schedule = ChunkSchedule(
             low_chunk_size=args.low_chunk_size,
-            high_chunk_size=args.high_chunk_size or args.token_budget,
+            high_chunk_size=args.high_chunk_size or token_budget,
             num_stages=args.chunk_schedule_stages,
             tokens_per_stage=args.chunk_schedule_tokens_per_stage,
         )
@@ -87,10 +134,11 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         num_kv_blocks=args.num_kv_blocks,
         kv_cache_memory_gib=args.kv_cache_memory,
         scheduler=args.scheduler,
-        token_budget=args.token_budget,
+        token_budget=token_budget,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         chunk_schedule=schedule,
+        adaptive_tbt_slo=_adaptive_slo(args),
         tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size,
         distributed_executor_backend=args.distributed_executor_backend,

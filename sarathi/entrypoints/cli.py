@@ -16,6 +16,8 @@ COMMANDS = {
     "bench": "sarathi.benchmark.bench_cli",
     "capacity": "sarathi.benchmark.capacity_cli",
     "profile": "sarathi.benchmark.profile_cli",
+    "simulate": "sarathi.simulator.simulate_cli",
+    "tune": "sarathi.simulator.tune_cli",
 }
 
 

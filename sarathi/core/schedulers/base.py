@@ -15,12 +15,18 @@ import collections
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from sarathi.config import SchedulerConfig
 from sarathi.core.batch import Batch
 from sarathi.core.block_manager import BlockManager
 from sarathi.core.sequence import Sequence, SequenceStatus
+
+
+class BudgetController(Protocol):
+    """Sets the token budget of the next iteration (at most ``token_budget``) just before it is planned."""
+
+    def budget(self, scheduler: Scheduler, now: float) -> int: ...
 
 
 class Scheduler(ABC):
@@ -52,6 +58,9 @@ class Scheduler(ABC):
         # By identity, not id: an aborted request's id may come back as a new request while its batch runs.
         self._in_flight: set[Sequence] = set()
         self._in_flight_batches: collections.deque[Batch] = collections.deque()
+        #: Optional: sets each iteration's budget (the adaptive budget); None keeps ``token_budget``.
+        self.budget_controller: BudgetController | None = None
+        self.iteration_budget = config.token_budget
 
     @property
     def max_running(self) -> int:
@@ -125,6 +134,9 @@ class Scheduler(ABC):
         non-empty batch is in flight until its ``finish_step``.
         """
         batch = Batch()
+        if self.budget_controller is not None:
+            budget = self.budget_controller.budget(self, now)
+            self.iteration_budget = max(1, min(budget, self.config.token_budget))
         self._schedule(batch)
         for entry in batch:
             entry.seq.mark_scheduled(now)
@@ -280,9 +292,10 @@ class Scheduler(ABC):
     def _chunk_size(self, seq: Sequence, batch: Batch) -> int:
         """Tokens of ``seq``'s prefill that fit in ``batch`` (0 if none).
 
-        The budget is ``token_budget``, lowered to the chunk schedule's size for the prompt's progress.
+        The budget is ``token_budget`` (or the budget controller's for this iteration), lowered to the
+        chunk schedule's size for the prompt's progress.
         """
-        budget = self.config.token_budget
+        budget = self.iteration_budget
         if self.config.chunk_schedule is not None:
             budget = min(budget, self.config.chunk_schedule.chunk_size(seq.num_computed_tokens))
         return max(0, min(seq.num_uncomputed_tokens, budget - batch.num_tokens))
