@@ -42,6 +42,9 @@ def add_simulation_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model-spec", default=None, help="with --hardware: a paper model (e.g. yi-34b) or a config.json"
     )
+    g.add_argument(
+        "--gpus-per-node", type=int, default=None, help="with --hardware: GPUs per node (default 8)"
+    )
     g.add_argument("--num-replicas", type=int, default=1, help="engines behind the router")
     g.add_argument("--router", default="round_robin", choices=ROUTERS)
 
@@ -68,7 +71,7 @@ def resolve_simulation(args: argparse.Namespace, config: EngineConfig) -> tuple[
             raise ValueError("--hardware and --model-spec go together")
         from sarathi.simulator.gpu import gpu_simulation
 
-        return gpu_simulation(config, args.model_spec, args.hardware)
+        return gpu_simulation(config, args.model_spec, args.hardware, args.gpus_per_node)
     from sarathi.simulator.measured import MeasuredLatencyModel
 
     sim_config = simulation_config(config)
