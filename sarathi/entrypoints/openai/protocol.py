@@ -194,6 +194,17 @@ class ChatMessage(BaseModel):
         return "".join(parts)
 
 
+def conversation(messages: list[ChatMessage]) -> list[dict]:
+    """Messages as plain dicts for the chat template; a non-text part is an APIError naming it."""
+    out = []
+    for i, m in enumerate(messages):
+        try:
+            out.append({"role": m.role, "content": m.text()})
+        except ValueError as e:
+            raise APIError(f"messages.{i}.content: {e}", param=f"messages.{i}.content") from e
+    return out
+
+
 class ChatCompletionRequest(_SamplingRequest):
     """``POST /v1/chat/completions``."""
 
@@ -220,13 +231,7 @@ class ChatCompletionRequest(_SamplingRequest):
 
     def conversation(self) -> list[dict]:
         """Messages as plain dicts for the chat template."""
-        out = []
-        for i, m in enumerate(self.messages):
-            try:
-                out.append({"role": m.role, "content": m.text()})
-            except ValueError as e:
-                raise APIError(f"messages.{i}.content: {e}", param=f"messages.{i}.content") from e
-        return out
+        return conversation(self.messages)
 
     @property
     def requested_max_tokens(self) -> int | None:
