@@ -181,7 +181,7 @@ async def _deltas(
     state: ServerState, raw: Request, stream: RequestStream, num_prompt_tokens: int
 ) -> AsyncIterator[RequestOutput]:
     """A request's deltas; aborts it in the engine if the client disconnects or the consumer stops early."""
-    checked = time.monotonic()
+    checked, num_output = time.monotonic(), 0
     try:
         while not stream.finished:
             delta = await stream.next(timeout=_DISCONNECT_POLL_S)
@@ -192,15 +192,18 @@ async def _deltas(
                     return
             if delta is None:
                 continue
+            num_output = delta.num_output_tokens
             if delta.finished:
-                state.metrics.observe_request_end(delta.finish_reason, num_prompt_tokens, delta.metrics)
+                state.metrics.observe_request_end(
+                    delta.finish_reason, num_prompt_tokens, delta.metrics, num_output
+                )
             yield delta
     except EngineDeadError:
-        state.metrics.observe_request_end("error", num_prompt_tokens)
+        state.metrics.observe_request_end("error", num_prompt_tokens, None, num_output)
         raise
     finally:
         if not stream.finished:
-            state.metrics.observe_request_end("abort", num_prompt_tokens)
+            state.metrics.observe_request_end("abort", num_prompt_tokens, None, num_output)
             stream.close()
 
 
