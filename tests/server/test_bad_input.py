@@ -31,7 +31,7 @@ CASES = [
     ("completions", {"prompt": "hi", "logprobs": 50}, 400, "logprobs"),
     ("completions", {"prompt": "hi", "stop": [""]}, 400, "stop"),
     ("completions", {"prompt": "hi", "min_tokens": 20, "max_tokens": 5}, 400, "min_tokens"),
-    ("completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("completions", {"prompt": [["a"]]}, 400, "prompt"),
     ("completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model"),
     ("completions", {"prompt": "hi", "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ("chat/completions", {"messages": []}, 400, "messages"),

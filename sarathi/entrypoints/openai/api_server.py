@@ -6,6 +6,7 @@ that may still turn into a stop string) so streamed text always equals the final
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -28,7 +29,7 @@ from sarathi.entrypoints.openai.request_checks import (
     parse_request,
     sampling_params_for,
 )
-from sarathi.entrypoints.openai.response_formats import ChatFormat, CompletionFormat, usage
+from sarathi.entrypoints.openai.response_formats import ChatFormat, ChoiceResult, CompletionFormat, usage
 from sarathi.entrypoints.openai.server_state import ServerState
 from sarathi.entrypoints.openai.tokenize_api import add_tokenize_routes
 from sarathi.outputs import RequestOutput, TokenLogprob
@@ -107,12 +108,13 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
     async def completions(raw: Request) -> Response:
         req = await parse_request(state, raw, CompletionRequest)
         check_model(state, req.model)
-        prompt = req.single_prompt()
-        prompt_ids = await encode_prompt(state, prompt)
-        params = sampling_params_for(state, req, len(prompt_ids), req.max_tokens, "prompt")
-        return await _respond(
-            state, raw, req, CompletionFormat(state.model_name, state.tokenizer), prompt_ids, params
-        )
+        jobs = []
+        for prompt in req.prompts():
+            prompt_ids = await encode_prompt(state, prompt)
+            jobs.append(
+                (prompt_ids, sampling_params_for(state, req, len(prompt_ids), req.max_tokens, "prompt"))
+            )
+        return await _respond(state, raw, req, CompletionFormat(state.model_name, state.tokenizer), jobs)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request) -> Response:
@@ -120,9 +122,8 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
         check_model(state, req.model)
         prompt_ids = await encode_chat(state, req.messages, req.add_generation_prompt)
         params = sampling_params_for(state, req, len(prompt_ids), req.requested_max_tokens, "messages")
-        return await _respond(
-            state, raw, req, ChatFormat(state.model_name, state.tokenizer), prompt_ids, params
-        )
+        fmt = ChatFormat(state.model_name, state.tokenizer)
+        return await _respond(state, raw, req, fmt, [(prompt_ids, params)])
 
     return app
 
@@ -131,16 +132,47 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
 
 
 async def _respond(
-    state: ServerState,
-    raw: Request,
-    req,
-    fmt: CompletionFormat,
-    prompt_ids: list[int],
-    params: SamplingParams,
+    state: ServerState, raw: Request, req, fmt: CompletionFormat, jobs: list[tuple[list[int], SamplingParams]]
 ) -> Response:
+    """Run one engine request per (prompt ids, params) job and answer with one choice per job, in order."""
     request_id = f"{fmt.id_prefix}-{uuid.uuid4().hex}"
+    ids = [request_id] if len(jobs) == 1 else [f"{request_id}-{i}" for i in range(len(jobs))]
+    submitted = await asyncio.gather(
+        *(_submit(state, rid, p, params) for rid, (p, params) in zip(ids, jobs, strict=True)),
+        return_exceptions=True,
+    )
+    if failed := [x for x in submitted if isinstance(x, BaseException)]:
+        for stream in submitted:
+            if isinstance(stream, RequestStream):
+                stream.close()  # aborts the accepted ones
+        raise failed[0]
+    streams: list[RequestStream] = list(submitted)
+    prompt_lens = [len(p) for p, _ in jobs]
+    created = int(time.time())
+    if req.stream:
+        events = _stream_events(state, raw, req, fmt, streams, request_id, created, prompt_lens)
+        return StreamingResponse(
+            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
     try:
-        stream = await state.client.add_request(request_id, prompt_ids, params, time.monotonic())
+        async with asyncio.TaskGroup() as group:  # one failing choice cancels (aborts) the others
+            tasks = [
+                group.create_task(_collect(state, raw, stream, n, params.logprobs is not None))
+                for stream, n, (_, params) in zip(streams, prompt_lens, jobs, strict=True)
+            ]
+    except* EngineDeadError as e:
+        raise APIError(str(e.exceptions[0]), 503, type="server_error", code="engine_dead") from None
+    except* APIError as e:
+        raise e.exceptions[0] from None
+    results = [t.result() for t in tasks]
+    if any(r is None for r in results):  # the client went away; nobody reads this
+        return Response(status_code=499)
+    return JSONResponse(fmt.final(request_id, created, results))
+
+
+async def _submit(state: ServerState, request_id: str, prompt_ids: list[int], params: SamplingParams):
+    try:
+        return await state.client.add_request(request_id, prompt_ids, params, time.monotonic())
     except RequestRejectedError as e:
         state.metrics.observe_request_end("rejected", 0)
         if e.overloaded:
@@ -152,29 +184,24 @@ async def _respond(
         raise APIError(str(e), param=_param_of(str(e))) from e
     except EngineDeadError as e:
         raise APIError(str(e), 503, type="server_error", code="engine_dead") from e
-    created = int(time.time())
-    if req.stream:
-        events = _stream_events(state, raw, req, fmt, stream, request_id, created, len(prompt_ids))
-        return StreamingResponse(
-            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
+
+
+async def _collect(
+    state: ServerState, raw: Request, stream: RequestStream, num_prompt_tokens: int, want_logprobs: bool
+) -> ChoiceResult | None:
+    """A request's whole output; None if the client went away first."""
     text, finish, num_output = [], None, 0
-    logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
-    try:
-        async for delta in _deltas(state, raw, stream, len(prompt_ids)):
-            if delta.error is not None:
-                raise _internal_error(delta.error)
-            text.append(delta.new_text)
-            finish, num_output = delta.finish_reason, delta.num_output_tokens
-            if logprobs is not None:
-                logprobs.extend(delta.new_logprobs or ())
-    except EngineDeadError as e:
-        raise APIError(str(e), 503, type="server_error", code="engine_dead") from e
-    if finish is None:  # the client went away; nobody reads this
-        return Response(status_code=499)
-    totals = usage(len(prompt_ids), num_output)
-    body = fmt.final(request_id, created, "".join(text), finish, logprobs, totals)
-    return JSONResponse(body)
+    logprobs: list[TokenLogprob] | None = [] if want_logprobs else None
+    async for delta in _deltas(state, raw, stream, num_prompt_tokens):
+        if delta.error is not None:
+            raise _internal_error(delta.error)
+        text.append(delta.new_text)
+        finish, num_output = delta.finish_reason, delta.num_output_tokens
+        if logprobs is not None:
+            logprobs.extend(delta.new_logprobs or ())
+    if finish is None:
+        return None
+    return ChoiceResult("".join(text), finish, logprobs, num_prompt_tokens, num_output)
 
 
 async def _deltas(
@@ -212,33 +239,53 @@ async def _stream_events(
     raw: Request,
     req,
     fmt: CompletionFormat,
-    stream: RequestStream,
+    streams: list[RequestStream],
     request_id: str,
     created: int,
-    num_prompt_tokens: int,
+    prompt_lens: list[int],
 ) -> AsyncIterator[str]:
-    first = True
-    deltas = _deltas(state, raw, stream, num_prompt_tokens)
+    """SSE events of every stream, interleaved as tokens come, each chunk's choice ``index`` naming its
+    prompt; the usage chunk (summed) once all have finished; then ``[DONE]``."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, stream: RequestStream) -> None:
+        try:
+            async for delta in _deltas(state, raw, stream, prompt_lens[index]):
+                queue.put_nowait((index, delta))
+        except EngineDeadError as e:
+            queue.put_nowait((index, e))
+        finally:
+            queue.put_nowait((index, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    first, num_output, finished, open_streams = [True] * len(streams), [0] * len(streams), 0, len(streams)
     try:
-        async for delta in deltas:
-            if delta.error is not None:
-                yield _sse(_internal_error(delta.error).body())
+        while open_streams:
+            index, item = await queue.get()
+            if item is None:
+                open_streams -= 1
+                continue
+            if isinstance(item, EngineDeadError):
+                yield _sse(APIError(str(item), 503, type="server_error", code="engine_dead").body())
+                break
+            if item.error is not None:
+                yield _sse(_internal_error(item.error).body())
                 break
             # One chunk per generated token, even when its text is held back (a partial character).
-            chunk = fmt.chunk(request_id, created, delta, first)
+            chunk = fmt.chunk(request_id, created, item, first[index], index)
+            num_output[index] = item.num_output_tokens
             if req.continuous_usage:
-                chunk["usage"] = usage(num_prompt_tokens, delta.num_output_tokens)
-            first = False
+                chunk["usage"] = usage(prompt_lens[index], item.num_output_tokens)
+            first[index] = False
             yield _sse(chunk)
-            if delta.finished and req.include_usage:
-                yield _sse(
-                    fmt.usage_chunk(request_id, created, usage(num_prompt_tokens, delta.num_output_tokens))
-                )
-    except EngineDeadError as e:
-        yield _sse(APIError(str(e), 503, type="server_error", code="engine_dead").body())
+            finished += item.finished
+        if finished == len(streams) and req.include_usage:
+            yield _sse(fmt.usage_chunk(request_id, created, usage(sum(prompt_lens), sum(num_output))))
     finally:
+        for task in tasks:
+            task.cancel()
         with contextlib.suppress(Exception):
-            await deltas.aclose()
+            await asyncio.gather(*tasks, return_exceptions=True)
     yield "data: [DONE]\n\n"
 
 

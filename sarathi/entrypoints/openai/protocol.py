@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from sarathi.sampling_params import SamplingParams
 
+MAX_BATCH_PROMPTS = 256  # prompts in one /v1/completions request
 NonNegInt = Annotated[int, Field(ge=0)]
 # Token ids: JSON booleans are not integers here (pydantic's lax mode would read true as 1).
 TokenId = Annotated[StrictInt, Field(ge=0)]
@@ -136,7 +137,7 @@ class _SamplingRequest(BaseModel):
 
 
 class CompletionRequest(_SamplingRequest):
-    """``POST /v1/completions``: one prompt, as text or token ids."""
+    """``POST /v1/completions``: a prompt as text or token ids, or a list of them (one choice each)."""
 
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     max_tokens: int | None = 16
@@ -157,14 +158,20 @@ class CompletionRequest(_SamplingRequest):
     def num_logprobs(self) -> int | None:
         return self.logprobs
 
-    def single_prompt(self) -> str | list[int]:
-        """The one prompt of this request; batched prompts are refused."""
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts of this request: one text or token-id list, or a batch of them (one choice each)."""
         p = self.prompt
-        if isinstance(p, list) and p and isinstance(p[0], str | list):
-            if len(p) != 1:
-                raise APIError(f"prompt: got {len(p)} prompts; send one prompt per request", param="prompt")
-            p = p[0]
-        return p
+        if isinstance(p, str) or (p and not isinstance(p[0], str | list)):
+            return [p]
+        if not p:
+            raise APIError("prompt: the prompt is empty", param="prompt", code="empty_prompt")
+        if len(p) > MAX_BATCH_PROMPTS:
+            raise APIError(
+                f"prompt: {len(p)} prompts in one request, at most {MAX_BATCH_PROMPTS}",
+                param="prompt",
+                code="too_many_prompts",
+            )
+        return list(p)
 
 
 class ContentPart(BaseModel):

@@ -68,10 +68,14 @@ async def encode_prompt(state: ServerState, prompt: str | list[int]) -> list[int
         vocab = state.client.ready.vocab_size
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
-            raise APIError(f"prompt: token ids must be in [0, {vocab}), got {bad[:5]}", param="prompt")
+            raise APIError(
+                f"prompt: token ids must be in [0, {vocab}), got {bad[:5]}",
+                param="prompt",
+                code="invalid_token_id",
+            )
         ids = list(prompt)
     if not ids:
-        raise APIError("prompt: the prompt is empty", param="prompt")
+        raise APIError("prompt: the prompt is empty", param="prompt", code="empty_prompt")
     return ids
 
 

@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sarathi.outputs import RequestOutput, TokenLogprob
 from sarathi.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class ChoiceResult:
+    """One finished choice of a non-streaming response (one per prompt)."""
+
+    text: str
+    finish_reason: str | None
+    logprobs: list[TokenLogprob] | None
+    num_prompt_tokens: int
+    num_output_tokens: int
 
 
 class CompletionFormat:
@@ -15,18 +28,26 @@ class CompletionFormat:
         self.model = model
         self.tokenizer = tokenizer
 
-    def chunk(self, rid: str, created: int, delta: RequestOutput, first: bool) -> dict:
+    def chunk(self, rid: str, created: int, delta: RequestOutput, first: bool, index: int = 0) -> dict:
         choice = {
-            "index": 0,
+            "index": index,
             "text": delta.new_text,
             "logprobs": self.logprobs(delta.new_logprobs),
             "finish_reason": delta.finish_reason,
         }
         return self._envelope(rid, created, "text_completion", [choice])
 
-    def final(self, rid: str, created: int, text: str, finish: str | None, logprobs, usage: dict) -> dict:
-        choice = {"index": 0, "text": text, "logprobs": self.logprobs(logprobs), "finish_reason": finish}
-        return {**self._envelope(rid, created, "text_completion", [choice]), "usage": usage}
+    def final(self, rid: str, created: int, results: list[ChoiceResult]) -> dict:
+        choices = [
+            {
+                "index": i,
+                "text": r.text,
+                "logprobs": self.logprobs(r.logprobs),
+                "finish_reason": r.finish_reason,
+            }
+            for i, r in enumerate(results)
+        ]
+        return {**self._envelope(rid, created, "text_completion", choices), "usage": total_usage(results)}
 
     def usage_chunk(self, rid: str, created: int, usage: dict) -> dict:
         return {**self._envelope(rid, created, "text_completion", []), "usage": usage}
@@ -57,25 +78,27 @@ class ChatFormat(CompletionFormat):
 
     id_prefix = "chatcmpl"
 
-    def chunk(self, rid: str, created: int, delta: RequestOutput, first: bool) -> dict:
+    def chunk(self, rid: str, created: int, delta: RequestOutput, first: bool, index: int = 0) -> dict:
         content = {"role": "assistant", "content": delta.new_text} if first else {"content": delta.new_text}
         choice = {
-            "index": 0,
+            "index": index,
             "delta": content,
             "logprobs": self.logprobs(delta.new_logprobs),
             "finish_reason": delta.finish_reason,
         }
         return self._envelope(rid, created, "chat.completion.chunk", [choice])
 
-    def final(self, rid: str, created: int, text: str, finish: str | None, logprobs, usage: dict) -> dict:
-        message = {"role": "assistant", "content": text}
-        choice = {
-            "index": 0,
-            "message": message,
-            "logprobs": self.logprobs(logprobs),
-            "finish_reason": finish,
-        }
-        return {**self._envelope(rid, created, "chat.completion", [choice]), "usage": usage}
+    def final(self, rid: str, created: int, results: list[ChoiceResult]) -> dict:
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": r.text},
+                "logprobs": self.logprobs(r.logprobs),
+                "finish_reason": r.finish_reason,
+            }
+            for i, r in enumerate(results)
+        ]
+        return {**self._envelope(rid, created, "chat.completion", choices), "usage": total_usage(results)}
 
     def usage_chunk(self, rid: str, created: int, usage: dict) -> dict:
         return {**self._envelope(rid, created, "chat.completion.chunk", []), "usage": usage}
@@ -102,3 +125,8 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+
+
+def total_usage(results: list[ChoiceResult]) -> dict:
+    """``usage`` summed over the choices of one response."""
+    return usage(sum(r.num_prompt_tokens for r in results), sum(r.num_output_tokens for r in results))
