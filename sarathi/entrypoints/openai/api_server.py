@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import sarathi
 from sarathi.engine.core_client import EngineDeadError, RequestRejectedError, RequestStream
+from sarathi.entrypoints.openai import refusals
 from sarathi.entrypoints.openai.guards import AccessPolicy, install_access_policy
 from sarathi.entrypoints.openai.openapi_docs import document_request_bodies
 from sarathi.entrypoints.openai.protocol import APIError, ChatCompletionRequest, CompletionRequest
@@ -106,7 +107,7 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
 
     @app.post("/v1/completions")
     async def completions(raw: Request) -> Response:
-        req = await parse_request(state, raw, CompletionRequest)
+        req = await parse_request(state, raw, CompletionRequest, refusals.COMPLETIONS)
         check_model(state, req.model)
         jobs = []
         for prompt in req.prompts():
@@ -118,7 +119,7 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request) -> Response:
-        req = await parse_request(state, raw, ChatCompletionRequest)
+        req = await parse_request(state, raw, ChatCompletionRequest, refusals.CHAT)
         check_model(state, req.model)
         prompt_ids = await encode_chat(state, req.messages, req.add_generation_prompt)
         params = sampling_params_for(state, req, len(prompt_ids), req.requested_max_tokens, "messages")

@@ -1,8 +1,8 @@
 """Request bodies of the OpenAI-compatible API (pydantic) and the OpenAI-style error.
 
 Fields that common clients send but we do not act on are accepted when they ask for the default
-behaviour (e.g. ``best_of=1``, ``repetition_penalty=1``) and rejected with a clear message otherwise;
-unknown fields are ignored.
+behaviour (e.g. ``best_of=1``, ``repetition_penalty=1``) and rejected with a 400 naming them otherwise
+(the table is ``refusals.py``); other unknown fields are ignored.
 """
 
 from __future__ import annotations
@@ -90,15 +90,6 @@ class _SamplingRequest(BaseModel):
 
     def check_supported(self) -> None:
         """Raise APIError for options this server does not implement (default values pass)."""
-        if self.n != 1:
-            _unsupported("n", "only n=1 is supported; send one request per completion")
-        penalties = (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0))
-        for name, neutral in penalties:
-            value = getattr(self, name)
-            if value is not None and value != neutral:
-                _unsupported(name, f"penalties are not supported (only the neutral value {neutral})")
-        if self.logit_bias:
-            _unsupported("logit_bias", "not supported")
         if self.stream_options is not None and not self.stream:
             _unsupported("stream_options", "only allowed when stream is true")
 
@@ -145,15 +136,6 @@ class CompletionRequest(_SamplingRequest):
     best_of: int | None = None
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     suffix: str | None = None
-
-    def check_supported(self) -> None:
-        super().check_supported()
-        if self.best_of not in (None, 1):
-            _unsupported("best_of", "only best_of=1 is supported")
-        if self.echo:
-            _unsupported("echo", "not supported")
-        if self.suffix:
-            _unsupported("suffix", "not supported")
 
     def num_logprobs(self) -> int | None:
         return self.logprobs
@@ -228,10 +210,6 @@ class ChatCompletionRequest(_SamplingRequest):
         super().check_supported()
         if self.top_logprobs and not self.logprobs:
             _unsupported("top_logprobs", "needs logprobs: true")
-        if self.tools:
-            _unsupported("tools", "tool calling is not supported")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            _unsupported("response_format", "only {'type': 'text'} is supported")
 
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

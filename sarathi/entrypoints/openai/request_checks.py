@@ -18,11 +18,15 @@ from sarathi.entrypoints.openai.protocol import (
     conversation,
     validation_error,
 )
+from sarathi.entrypoints.openai.refusals import Refusal, check_refusals
 from sarathi.entrypoints.openai.server_state import ServerState
 from sarathi.sampling_params import SamplingParams
 
 
-async def parse_request(state: ServerState, raw: Request, model: type[BaseModel]) -> Any:
+async def parse_request(
+    state: ServerState, raw: Request, model: type[BaseModel], refusals: tuple[Refusal, ...] = ()
+) -> Any:
+    """The body as ``model``; then its own checks and the ``refusals`` of fields we do not honour."""
     data = await read_body(raw, state.limits.max_body_bytes)
     try:
         body = json.loads(data)
@@ -43,6 +47,7 @@ async def parse_request(state: ServerState, raw: Request, model: type[BaseModel]
     except ValidationError as e:
         raise validation_error(e) from e
     req.check_supported()
+    check_refusals(body, refusals)
     return req
 
 

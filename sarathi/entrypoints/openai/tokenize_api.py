@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from sarathi.entrypoints.openai.protocol import APIError, ChatMessage, TokenId
+from sarathi.entrypoints.openai.refusals import TOKENIZE
 from sarathi.entrypoints.openai.request_checks import check_model, encode_chat, parse_request
 from sarathi.entrypoints.openai.server_state import ServerState
 
@@ -56,7 +57,7 @@ def add_tokenize_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/tokenize")
     async def tokenize(raw: Request) -> dict:
-        req = await parse_request(state, raw, TokenizeRequest)
+        req = await parse_request(state, raw, TokenizeRequest, TOKENIZE)
         check_model(state, req.model)
         tokenizer = _tokenizer(state)
         if req.messages is not None:
