@@ -86,6 +86,7 @@ class _SamplingRequest(BaseModel):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    min_p: float | None = None
     user: str | None = None
 
     def check_supported(self) -> None:
@@ -116,6 +117,11 @@ class _SamplingRequest(BaseModel):
             ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output,
             logprobs=self.num_logprobs(),
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias=self.logit_bias or {},
+            min_p=self.min_p or 0.0,
         )
 
     @property

@@ -138,4 +138,6 @@ def sampling_params_for(
         raise APIError(
             f"stop_token_ids: token ids must be in [0, {vocab}), got {bad[:5]}", param="stop_token_ids"
         )
+    if bad := [t for t, _ in params.logit_bias if t >= vocab]:
+        raise APIError(f"logit_bias: token ids must be in [0, {vocab}), got {bad[:5]}", param="logit_bias")
     return params
