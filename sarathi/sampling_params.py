@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 GREEDY_TEMPERATURE = 1e-5
+MAX_LOGIT_BIAS = 100.0  # OpenAI's bound on one logit_bias value
 
 
 @dataclass(frozen=True)
@@ -17,6 +19,13 @@ class SamplingParams:
     ``logprobs`` = n returns, for every generated token, its log probability under the model and the n
     most likely alternatives (0: the token's own only); these are the model's raw distribution, before
     temperature, top-k and top-p.
+
+    Logit controls (vLLM's semantics), applied in this order before temperature: ``logit_bias`` (token id ->
+    value added to its logit, |value| <= 100), ``repetition_penalty`` (> 0; a token seen in the prompt or
+    the output has a positive logit divided by it and a negative one multiplied), ``frequency_penalty``
+    and ``presence_penalty`` (in [-2, 2]; subtracted per occurrence / once for each token of the output).
+    ``min_p`` (in [0, 1]) then drops tokens whose probability after temperature is below ``min_p`` times
+    the most likely token's.
     """
 
     max_tokens: int = 16
@@ -30,8 +39,20 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "logit_bias", _logit_bias_pairs(self.logit_bias))
+        _check_number("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _check_number("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _check_number("min_p", self.min_p, 0.0, 1.0)
+        _check_number("repetition_penalty", self.repetition_penalty, 0.0, 1e9)
+        if self.repetition_penalty == 0:
+            raise ValueError("repetition_penalty must be > 0, got 0")
         # Accept lists/single strings from callers, store tuples so the object stays hashable.
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         object.__setattr__(self, "stop", stop)
@@ -64,10 +85,39 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be non-negative, got {self.stop_token_ids!r}")
 
     @property
+    def penalized(self) -> bool:
+        """True when a repetition, frequency or presence penalty is set (they need the token history)."""
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    @property
     def greedy(self) -> bool:
         """True when the request always takes the most likely token: temperature below
         ``GREEDY_TEMPERATURE`` (as vLLM; dividing logits by ~1e-38 would overflow them) or top_k 1."""
         return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
+
+
+def _check_number(name: str, value: object, low: float, high: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
+
+
+def _logit_bias_pairs(bias: Mapping | Iterable | None) -> tuple[tuple[int, float], ...]:
+    """``{token id (int or its decimal string): bias}`` or pairs -> sorted ``((id, bias), ...)``."""
+    items = bias.items() if isinstance(bias, Mapping) else (bias or ())
+    pairs = {}
+    for item in items:
+        try:
+            key, value = item
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias must map token ids to numbers, got {item!r}") from None
+        if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+            key = int(key)
+        if isinstance(key, bool) or not isinstance(key, int) or key < 0:
+            raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {key!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not abs(value) <= MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {value!r} for {key}")
+        pairs[key] = float(value)
+    return tuple(sorted(pairs.items()))
 
 
 GREEDY = SamplingParams(temperature=0.0)

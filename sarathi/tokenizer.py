@@ -36,9 +36,13 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return len(self._tok)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of a plain-text prompt (with the tokenizer's own BOS handling)."""
-        return list(self._tok.encode(text))
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a plain-text prompt (with the tokenizer's own BOS handling unless told not to)."""
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
+
+    def token_strs(self, token_ids: list[int]) -> list[str]:
+        """The vocabulary entries of these ids (byte-level pieces as the tokenizer spells them)."""
+        return [str(t) for t in self._tok.convert_ids_to_tokens(token_ids)]
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
@@ -61,7 +65,9 @@ class Tokenizer:
         backend = getattr(self._tok, "backend_tokenizer", None)
         return type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, add_special_tokens: bool = False
+    ) -> list[int]:
         """Token ids of a conversation rendered with the model's chat template."""
         if not self._tok.chat_template:
             raise ValueError(f"the tokenizer in {self.folder} has no chat template")
@@ -69,8 +75,8 @@ class Tokenizer:
         text = self._tok.apply_chat_template(
             messages, add_generation_prompt=add_generation_prompt, tokenize=False
         )
-        # The template already writes any BOS token, so do not add special tokens again.
-        return list(self._tok.encode(text, add_special_tokens=False))
+        # The template already writes any BOS token, so by default special tokens are not added again.
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
 
 
 @functools.cache

@@ -1,4 +1,5 @@
-"""Token sampling: greedy, temperature, top-k, top-p, with per-request seeds."""
+"""Token sampling: greedy, temperature, top-k, top-p, min_p, logit bias and penalties, with per-request
+seeds."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from sarathi.executor.messages import SampledToken
 from sarathi.outputs import TokenLogprob
 from sarathi.sampling_params import SamplingParams
+from sarathi.worker.logits_processing import apply_bias_and_penalties, apply_min_p
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # keeps (seed, step) pairs from colliding across requests
 _MASK64 = (1 << 63) - 1
@@ -35,40 +37,61 @@ class Sampler:
         self._fault_token_id = int(fault) if fault else None
 
     def sample(
-        self, logits: torch.Tensor, params: list[SamplingParams], steps: list[int]
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        steps: list[int],
+        token_ids: list[list[int]] | None = None,
     ) -> list[SampledToken]:
         """Tokens and logprobs for every row; a row whose sampling raises fails alone.
 
         The rows are sampled together; only if that raises are they retried one by one, so the error is
-        pinned on the request that caused it.
+        pinned on the request that caused it. ``token_ids[i]`` (prompt and output so far) is needed only
+        for penalties.
         """
         try:
-            return self._sample_rows(logits, params, steps)
+            return self._sample_rows(logits, params, steps, token_ids)
         except Exception:
             pass
         results = []
         for i in range(len(params)):
             try:
-                results.extend(self._sample_rows(logits[i : i + 1], params[i : i + 1], steps[i : i + 1]))
+                history = None if token_ids is None else token_ids[i : i + 1]
+                results.extend(
+                    self._sample_rows(logits[i : i + 1], params[i : i + 1], steps[i : i + 1], history)
+                )
             except Exception as e:
                 results.append(SampledToken(None, error=f"sampling failed: {type(e).__name__}: {e}"))
         return results
 
     def _sample_rows(
-        self, logits: torch.Tensor, params: list[SamplingParams], steps: list[int]
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        steps: list[int],
+        token_ids: list[list[int]] | None,
     ) -> list[SampledToken]:
         if self._fault_token_id is not None and any(self._fault_token_id in p.stop_token_ids for p in params):
             raise RuntimeError(f"injected fault ({FAULT_TOKEN_ENV}={self._fault_token_id})")
-        tokens = self(logits, params, steps)
+        tokens = self(logits, params, steps, token_ids)
         logprobs = token_logprobs(logits, params, tokens)
         return [SampledToken(t, lp) for t, lp in zip(tokens, logprobs, strict=True)]
 
-    def __call__(self, logits: torch.Tensor, params: list[SamplingParams], steps: list[int]) -> list[int]:
-        """``steps[i]``: number of tokens row ``i``'s request has emitted so far (for seeded requests)."""
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        steps: list[int],
+        token_ids: list[list[int]] | None = None,
+    ) -> list[int]:
+        """``steps[i]``: number of tokens row ``i``'s request has emitted so far (for seeded requests and
+        penalties); ``token_ids[i]``: its prompt and output so far (for penalties)."""
         if logits.shape[0] != len(params):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(params)} requests")
         logits = logits.float()
         logits = self._mask_early_stops(logits, params, steps)
+        logits = apply_bias_and_penalties(logits, params, steps, token_ids)
+        logits = apply_min_p(logits, params)
         tokens = logits.argmax(dim=-1).tolist()
         for i, p in enumerate(params):
             if not p.greedy:

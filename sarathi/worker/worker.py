@@ -69,9 +69,9 @@ class Worker:
             return None, StageTiming(step.step_id, self.shard.pp_rank, start, time.monotonic())
         sampling = [s for s in step.scheduled if s.samples]
         states = [self.requests[s.request_id] for s in sampling]
-        sampled = self.sampler.sample(
-            out, [r.sampling_params for r in states], [r.num_output_tokens for r in states]
-        )
+        params = [r.sampling_params for r in states]
+        history = [r.token_ids for r in states] if any(p.penalized for p in params) else None
+        sampled = self.sampler.sample(out, params, [r.num_output_tokens for r in states], history)
         timing = StageTiming(step.step_id, self.shard.pp_rank, start, time.monotonic())
         return StepOutput(step.step_id, sampled, [timing]), timing
 

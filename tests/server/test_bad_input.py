@@ -31,7 +31,11 @@ CASES = [
     ("completions", {"prompt": "hi", "logprobs": 50}, 400, "logprobs"),
     ("completions", {"prompt": "hi", "stop": [""]}, 400, "stop"),
     ("completions", {"prompt": "hi", "min_tokens": 20, "max_tokens": 5}, 400, "min_tokens"),
-    ("completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("completions", {"prompt": [["a"]]}, 400, "prompt"),
+    ("completions", {"prompt": "hi", "logit_bias": {"10000000": 1}}, 400, "logit_bias"),
+    ("completions", {"prompt": "hi", "logit_bias": {"7": 500}}, 400, "logit_bias"),
+    ("completions", {"prompt": "hi", "presence_penalty": 3}, 400, "presence_penalty"),
+    ("completions", {"prompt": "hi", "repetition_penalty": -1}, 400, "repetition_penalty"),
     ("completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model"),
     ("completions", {"prompt": "hi", "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ("chat/completions", {"messages": []}, 400, "messages"),
@@ -57,6 +61,7 @@ CASES = [
         400,
         "top_logprobs",
     ),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "min_p": 2}, 400, "min_p"),
     ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "model": "nope"}, 404, "model"),
 ]
 

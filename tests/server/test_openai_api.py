@@ -160,6 +160,36 @@ def test_greedy_outputs_equal_offline_generate(openai_client, model_name, server
     ids = tok.encode("The best way to learn")
     r = openai_client.completions.create(model=model_name, prompt=ids, max_tokens=24, temperature=0)
     assert r.choices[0].text == offline_text[0].text
+    # Logit controls (penalties, logit_bias, min_p, seed) give what the offline API gives.
+    the = tok.encode(" the")[0]
+    controls = SamplingParams(
+        temperature=0.0, max_tokens=24, frequency_penalty=1.5, presence_penalty=0.5, repetition_penalty=1.3,
+        logit_bias={the: -100},
+    )  # fmt: skip
+    sampled = SamplingParams(temperature=0.8, max_tokens=16, min_p=0.1, seed=7, frequency_penalty=0.5)
+    want = [llm.generate(["The best way to learn"], p, use_tqdm=False)[0] for p in (controls, sampled)]
+    assert want[0].text != offline_text[0].text and the not in want[0].token_ids
+    r = openai_client.completions.create(
+        model=model_name,
+        prompt="The best way to learn",
+        max_tokens=24,
+        temperature=0,
+        frequency_penalty=1.5,
+        presence_penalty=0.5,
+        logit_bias={str(the): -100},
+        extra_body={"repetition_penalty": 1.3},
+    )
+    assert r.choices[0].text == want[0].text
+    r = openai_client.completions.create(
+        model=model_name,
+        prompt="The best way to learn",
+        max_tokens=16,
+        temperature=0.8,
+        seed=7,
+        frequency_penalty=0.5,
+        extra_body={"min_p": 0.1},
+    )
+    assert r.choices[0].text == want[1].text
 
 
 def test_32_concurrent_streams_complete_in_order(server, model_name):

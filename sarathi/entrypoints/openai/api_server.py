@@ -12,47 +12,34 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import sarathi
-from sarathi.engine.core_client import EngineCoreClient, EngineDeadError, RequestRejectedError, RequestStream
-from sarathi.entrypoints.openai.guards import AccessPolicy, RequestLimits, install_access_policy, read_body
+from sarathi.engine.core_client import EngineDeadError, RequestRejectedError, RequestStream
+from sarathi.entrypoints.openai import refusals
+from sarathi.entrypoints.openai.guards import AccessPolicy, install_access_policy
 from sarathi.entrypoints.openai.openapi_docs import document_request_bodies
-from sarathi.entrypoints.openai.protocol import (
-    APIError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    validation_error,
+from sarathi.entrypoints.openai.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from sarathi.entrypoints.openai.request_checks import (
+    check_model,
+    encode_chat,
+    encode_prompt,
+    parse_request,
+    sampling_params_for,
 )
-from sarathi.entrypoints.openai.server_metrics import ServerMetrics
+from sarathi.entrypoints.openai.response_formats import ChatFormat, ChoiceResult, CompletionFormat, usage
+from sarathi.entrypoints.openai.server_state import ServerState
+from sarathi.entrypoints.openai.tokenize_api import add_tokenize_routes
 from sarathi.outputs import RequestOutput, TokenLogprob
 from sarathi.sampling_params import SamplingParams
-from sarathi.tokenizer import Tokenizer
+
+__all__ = ["ServerState", "create_app"]
 
 # How often a request waiting for its next token checks whether its client went away.
 _DISCONNECT_POLL_S = 0.5
-
-
-@dataclass
-class ServerState:
-    """What the endpoints share: the engine-core client, the tokenizer and the metrics."""
-
-    client: EngineCoreClient
-    model_name: str
-    tokenizer: Tokenizer | None
-    metrics: ServerMetrics
-    created: int
-    limits: RequestLimits = field(default_factory=RequestLimits)
-
-    @property
-    def max_model_len(self) -> int:
-        return self.client.ready.max_model_len
 
 
 def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAPI:
@@ -116,246 +103,77 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
         }
         return {"object": "list", "data": [card]}
 
+    add_tokenize_routes(app, state)
+
     @app.post("/v1/completions")
     async def completions(raw: Request) -> Response:
-        req = await _parse(state, raw, CompletionRequest)
-        _check_model(state, req.model)
-        prompt = req.single_prompt()
-        prompt_ids = await _encode_prompt(state, prompt)
-        params = _sampling_params(state, req, len(prompt_ids), req.max_tokens, "prompt")
-        return await _respond(
-            state, raw, req, _CompletionFormat(state.model_name, state.tokenizer), prompt_ids, params
-        )
+        req = await parse_request(state, raw, CompletionRequest, refusals.COMPLETIONS)
+        check_model(state, req.model)
+        jobs = []
+        for prompt in req.prompts():
+            prompt_ids = await encode_prompt(state, prompt)
+            jobs.append(
+                (prompt_ids, sampling_params_for(state, req, len(prompt_ids), req.max_tokens, "prompt"))
+            )
+        return await _respond(state, raw, req, CompletionFormat(state.model_name, state.tokenizer), jobs)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request) -> Response:
-        req = await _parse(state, raw, ChatCompletionRequest)
-        _check_model(state, req.model)
-        if state.tokenizer is None:
-            raise APIError("this model has no tokenizer", param="messages")
-        conversation = req.conversation()
-        num_chars = sum(len(m["content"]) for m in conversation)
-        state.limits.check_prompt_chars(num_chars, state.max_model_len, "messages")
-        try:
-            prompt_ids = await asyncio.to_thread(
-                state.tokenizer.apply_chat_template, conversation, req.add_generation_prompt
-            )
-        except ValueError as e:
-            raise APIError(str(e), param="messages") from e
-        params = _sampling_params(state, req, len(prompt_ids), req.requested_max_tokens, "messages")
-        return await _respond(
-            state, raw, req, _ChatFormat(state.model_name, state.tokenizer), prompt_ids, params
-        )
+        req = await parse_request(state, raw, ChatCompletionRequest, refusals.CHAT)
+        check_model(state, req.model)
+        prompt_ids = await encode_chat(state, req.messages, req.add_generation_prompt)
+        params = sampling_params_for(state, req, len(prompt_ids), req.requested_max_tokens, "messages")
+        fmt = ChatFormat(state.model_name, state.tokenizer)
+        return await _respond(state, raw, req, fmt, [(prompt_ids, params)])
 
     return app
-
-
-# --- request checks --------------------------------------------------------------------------------------
-
-
-async def _parse(state: ServerState, raw: Request, model: type[BaseModel]) -> Any:
-    data = await read_body(raw, state.limits.max_body_bytes)
-    try:
-        body = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:  # ValueError: bad JSON, or an integer of > 4300 digits
-        raise APIError(f"the request body is not valid JSON: {e}") from e
-    except RecursionError as e:
-        raise APIError("the request body is nested too deeply") from e
-    if not isinstance(body, dict):
-        raise APIError("the request body must be a JSON object")
-    try:
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise APIError("the request body contains a lone UTF-16 surrogate (e.g. \\ud800)") from e
-    except RecursionError as e:
-        raise APIError("the request body is nested too deeply") from e
-    try:
-        req = model.model_validate(body)
-    except ValidationError as e:
-        raise validation_error(e) from e
-    req.check_supported()
-    return req
-
-
-def _check_model(state: ServerState, name: str | None) -> None:
-    if name is not None and name != state.model_name:
-        raise APIError(
-            f"the model {name!r} does not exist; this server serves {state.model_name!r}",
-            404,
-            param="model",
-            type="not_found_error",
-            code="model_not_found",
-        )
-
-
-async def _encode_prompt(state: ServerState, prompt: str | list[int]) -> list[int]:
-    if isinstance(prompt, str):
-        if state.tokenizer is None:
-            raise APIError("this model has no tokenizer: send the prompt as token ids", param="prompt")
-        state.limits.check_prompt_chars(len(prompt), state.max_model_len, "prompt")
-        # Off the event loop: a long prompt must not stall /health and every open stream.
-        ids = await asyncio.to_thread(state.tokenizer.encode, prompt) if prompt else []
-    else:
-        vocab = state.client.ready.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise APIError(f"prompt: token ids must be in [0, {vocab}), got {bad[:5]}", param="prompt")
-        ids = list(prompt)
-    if not ids:
-        raise APIError("prompt: the prompt is empty", param="prompt")
-    return ids
-
-
-def _sampling_params(
-    state: ServerState, req, num_prompt_tokens: int, max_tokens: int | None, prompt_param: str
-) -> SamplingParams:
-    room = state.max_model_len - num_prompt_tokens
-    if room < 1:
-        raise APIError(
-            f"{prompt_param}: the prompt has {num_prompt_tokens} tokens, but this model's maximum context "
-            f"length is {state.max_model_len} tokens (prompt and output together)",
-            param=prompt_param,
-            code="context_length_exceeded",
-        )
-    if max_tokens is None:
-        max_tokens = room
-    elif max_tokens < 1:
-        raise APIError(f"max_tokens: must be at least 1, got {max_tokens}", param="max_tokens")
-    elif max_tokens > room:
-        raise APIError(
-            f"max_tokens: {max_tokens} output tokens were requested, but the prompt has {num_prompt_tokens} "
-            f"tokens and this model's maximum context length is {state.max_model_len}",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
-    state.limits.check_stop(req.stop_strings())
-    logprobs_param = "top_logprobs" if isinstance(req, ChatCompletionRequest) else "logprobs"
-    state.limits.check_logprobs(req.num_logprobs(), logprobs_param)
-    try:
-        params = req.sampling_params(max_tokens)
-    except ValueError as e:
-        param = str(e).split(" ", 1)[0]
-        raise APIError(str(e), param=param if param.isidentifier() else None) from e
-    vocab = state.client.ready.vocab_size
-    if bad := [t for t in params.stop_token_ids if t >= vocab]:
-        raise APIError(
-            f"stop_token_ids: token ids must be in [0, {vocab}), got {bad[:5]}", param="stop_token_ids"
-        )
-    return params
 
 
 # --- responses -------------------------------------------------------------------------------------------
 
 
-class _CompletionFormat:
-    """JSON shapes of /v1/completions."""
-
-    id_prefix = "cmpl"
-
-    def __init__(self, model: str, tokenizer: Tokenizer | None) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
-
-    def chunk(self, rid: str, created: int, delta: RequestOutput, first: bool) -> dict:
-        choice = {
-            "index": 0,
-            "text": delta.new_text,
-            "logprobs": self.logprobs(delta.new_logprobs),
-            "finish_reason": delta.finish_reason,
-        }
-        return self._envelope(rid, created, "text_completion", [choice])
-
-    def final(self, rid: str, created: int, text: str, finish: str | None, logprobs, usage: dict) -> dict:
-        choice = {"index": 0, "text": text, "logprobs": self.logprobs(logprobs), "finish_reason": finish}
-        return {**self._envelope(rid, created, "text_completion", [choice]), "usage": usage}
-
-    def usage_chunk(self, rid: str, created: int, usage: dict) -> dict:
-        return {**self._envelope(rid, created, "text_completion", []), "usage": usage}
-
-    def logprobs(self, logprobs: list[TokenLogprob] | None) -> dict | None:
-        if logprobs is None:
-            return None
-        tokens = [self._text(lp.token_id) for lp in logprobs]
-        offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
-        return {
-            "tokens": tokens,
-            "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [{self._text(t): v for t, v in lp.top} for lp in logprobs],
-            "text_offset": offsets,
-        }
-
-    def _text(self, token_id: int) -> str:
-        if self.tokenizer is None:
-            return f"token_id:{token_id}"
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
-
-    def _envelope(self, rid: str, created: int, obj: str, choices: list) -> dict:
-        return {"id": rid, "object": obj, "created": created, "model": self.model, "choices": choices}
-
-
-class _ChatFormat(_CompletionFormat):
-    """JSON shapes of /v1/chat/completions."""
-
-    id_prefix = "chatcmpl"
-
-    def chunk(self, rid: str, created: int, delta: RequestOutput, first: bool) -> dict:
-        content = {"role": "assistant", "content": delta.new_text} if first else {"content": delta.new_text}
-        choice = {
-            "index": 0,
-            "delta": content,
-            "logprobs": self.logprobs(delta.new_logprobs),
-            "finish_reason": delta.finish_reason,
-        }
-        return self._envelope(rid, created, "chat.completion.chunk", [choice])
-
-    def final(self, rid: str, created: int, text: str, finish: str | None, logprobs, usage: dict) -> dict:
-        message = {"role": "assistant", "content": text}
-        choice = {
-            "index": 0,
-            "message": message,
-            "logprobs": self.logprobs(logprobs),
-            "finish_reason": finish,
-        }
-        return {**self._envelope(rid, created, "chat.completion", [choice]), "usage": usage}
-
-    def usage_chunk(self, rid: str, created: int, usage: dict) -> dict:
-        return {**self._envelope(rid, created, "chat.completion.chunk", []), "usage": usage}
-
-    def logprobs(self, logprobs: list[TokenLogprob] | None) -> dict | None:
-        if logprobs is None:
-            return None
-
-        def entry(token_id: int, logprob: float) -> dict:
-            text = self._text(token_id)
-            raw = text.encode() if self.tokenizer is None else self.tokenizer.token_bytes(token_id)
-            return {"token": text, "logprob": logprob, "bytes": list(raw)}
-
-        content = [
-            {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
-            for lp in logprobs
-        ]
-        return {"content": content, "refusal": None}
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
 async def _respond(
-    state: ServerState,
-    raw: Request,
-    req,
-    fmt: _CompletionFormat,
-    prompt_ids: list[int],
-    params: SamplingParams,
+    state: ServerState, raw: Request, req, fmt: CompletionFormat, jobs: list[tuple[list[int], SamplingParams]]
 ) -> Response:
+    """Run one engine request per (prompt ids, params) job and answer with one choice per job, in order."""
     request_id = f"{fmt.id_prefix}-{uuid.uuid4().hex}"
+    ids = [request_id] if len(jobs) == 1 else [f"{request_id}-{i}" for i in range(len(jobs))]
+    submitted = await asyncio.gather(
+        *(_submit(state, rid, p, params) for rid, (p, params) in zip(ids, jobs, strict=True)),
+        return_exceptions=True,
+    )
+    if failed := [x for x in submitted if isinstance(x, BaseException)]:
+        for stream in submitted:
+            if isinstance(stream, RequestStream):
+                stream.close()  # aborts the accepted ones
+        raise failed[0]
+    streams: list[RequestStream] = list(submitted)
+    prompt_lens = [len(p) for p, _ in jobs]
+    created = int(time.time())
+    if req.stream:
+        events = _stream_events(state, raw, req, fmt, streams, request_id, created, prompt_lens)
+        return StreamingResponse(
+            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
     try:
-        stream = await state.client.add_request(request_id, prompt_ids, params, time.monotonic())
+        async with asyncio.TaskGroup() as group:  # one failing choice cancels (aborts) the others
+            tasks = [
+                group.create_task(_collect(state, raw, stream, n, params.logprobs is not None))
+                for stream, n, (_, params) in zip(streams, prompt_lens, jobs, strict=True)
+            ]
+    except* EngineDeadError as e:
+        raise APIError(str(e.exceptions[0]), 503, type="server_error", code="engine_dead") from None
+    except* APIError as e:
+        raise e.exceptions[0] from None
+    results = [t.result() for t in tasks]
+    if any(r is None for r in results):  # the client went away; nobody reads this
+        return Response(status_code=499)
+    return JSONResponse(fmt.final(request_id, created, results))
+
+
+async def _submit(state: ServerState, request_id: str, prompt_ids: list[int], params: SamplingParams):
+    try:
+        return await state.client.add_request(request_id, prompt_ids, params, time.monotonic())
     except RequestRejectedError as e:
         state.metrics.observe_request_end("rejected", 0)
         if e.overloaded:
@@ -367,36 +185,31 @@ async def _respond(
         raise APIError(str(e), param=_param_of(str(e))) from e
     except EngineDeadError as e:
         raise APIError(str(e), 503, type="server_error", code="engine_dead") from e
-    created = int(time.time())
-    if req.stream:
-        events = _stream_events(state, raw, req, fmt, stream, request_id, created, len(prompt_ids))
-        return StreamingResponse(
-            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
+
+
+async def _collect(
+    state: ServerState, raw: Request, stream: RequestStream, num_prompt_tokens: int, want_logprobs: bool
+) -> ChoiceResult | None:
+    """A request's whole output; None if the client went away first."""
     text, finish, num_output = [], None, 0
-    logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
-    try:
-        async for delta in _deltas(state, raw, stream, len(prompt_ids)):
-            if delta.error is not None:
-                raise _internal_error(delta.error)
-            text.append(delta.new_text)
-            finish, num_output = delta.finish_reason, delta.num_output_tokens
-            if logprobs is not None:
-                logprobs.extend(delta.new_logprobs or ())
-    except EngineDeadError as e:
-        raise APIError(str(e), 503, type="server_error", code="engine_dead") from e
-    if finish is None:  # the client went away; nobody reads this
-        return Response(status_code=499)
-    usage = _usage(len(prompt_ids), num_output)
-    body = fmt.final(request_id, created, "".join(text), finish, logprobs, usage)
-    return JSONResponse(body)
+    logprobs: list[TokenLogprob] | None = [] if want_logprobs else None
+    async for delta in _deltas(state, raw, stream, num_prompt_tokens):
+        if delta.error is not None:
+            raise _internal_error(delta.error)
+        text.append(delta.new_text)
+        finish, num_output = delta.finish_reason, delta.num_output_tokens
+        if logprobs is not None:
+            logprobs.extend(delta.new_logprobs or ())
+    if finish is None:
+        return None
+    return ChoiceResult("".join(text), finish, logprobs, num_prompt_tokens, num_output)
 
 
 async def _deltas(
     state: ServerState, raw: Request, stream: RequestStream, num_prompt_tokens: int
 ) -> AsyncIterator[RequestOutput]:
     """A request's deltas; aborts it in the engine if the client disconnects or the consumer stops early."""
-    checked = time.monotonic()
+    checked, num_output = time.monotonic(), 0
     try:
         while not stream.finished:
             delta = await stream.next(timeout=_DISCONNECT_POLL_S)
@@ -407,15 +220,18 @@ async def _deltas(
                     return
             if delta is None:
                 continue
+            num_output = delta.num_output_tokens
             if delta.finished:
-                state.metrics.observe_request_end(delta.finish_reason, num_prompt_tokens, delta.metrics)
+                state.metrics.observe_request_end(
+                    delta.finish_reason, num_prompt_tokens, delta.metrics, num_output
+                )
             yield delta
     except EngineDeadError:
-        state.metrics.observe_request_end("error", num_prompt_tokens)
+        state.metrics.observe_request_end("error", num_prompt_tokens, None, num_output)
         raise
     finally:
         if not stream.finished:
-            state.metrics.observe_request_end("abort", num_prompt_tokens)
+            state.metrics.observe_request_end("abort", num_prompt_tokens, None, num_output)
             stream.close()
 
 
@@ -423,34 +239,54 @@ async def _stream_events(
     state: ServerState,
     raw: Request,
     req,
-    fmt: _CompletionFormat,
-    stream: RequestStream,
+    fmt: CompletionFormat,
+    streams: list[RequestStream],
     request_id: str,
     created: int,
-    num_prompt_tokens: int,
+    prompt_lens: list[int],
 ) -> AsyncIterator[str]:
-    first = True
-    deltas = _deltas(state, raw, stream, num_prompt_tokens)
+    """SSE events of every stream, interleaved as tokens come, each chunk's choice ``index`` naming its
+    prompt; the usage chunk (summed) once all have finished; then ``[DONE]``."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, stream: RequestStream) -> None:
+        try:
+            async for delta in _deltas(state, raw, stream, prompt_lens[index]):
+                queue.put_nowait((index, delta))
+        except EngineDeadError as e:
+            queue.put_nowait((index, e))
+        finally:
+            queue.put_nowait((index, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    first, num_output, finished, open_streams = [True] * len(streams), [0] * len(streams), 0, len(streams)
     try:
-        async for delta in deltas:
-            if delta.error is not None:
-                yield _sse(_internal_error(delta.error).body())
+        while open_streams:
+            index, item = await queue.get()
+            if item is None:
+                open_streams -= 1
+                continue
+            if isinstance(item, EngineDeadError):
+                yield _sse(APIError(str(item), 503, type="server_error", code="engine_dead").body())
+                break
+            if item.error is not None:
+                yield _sse(_internal_error(item.error).body())
                 break
             # One chunk per generated token, even when its text is held back (a partial character).
-            chunk = fmt.chunk(request_id, created, delta, first)
+            chunk = fmt.chunk(request_id, created, item, first[index], index)
+            num_output[index] = item.num_output_tokens
             if req.continuous_usage:
-                chunk["usage"] = _usage(num_prompt_tokens, delta.num_output_tokens)
-            first = False
+                chunk["usage"] = usage(prompt_lens[index], item.num_output_tokens)
+            first[index] = False
             yield _sse(chunk)
-            if delta.finished and req.include_usage:
-                yield _sse(
-                    fmt.usage_chunk(request_id, created, _usage(num_prompt_tokens, delta.num_output_tokens))
-                )
-    except EngineDeadError as e:
-        yield _sse(APIError(str(e), 503, type="server_error", code="engine_dead").body())
+            finished += item.finished
+        if finished == len(streams) and req.include_usage:
+            yield _sse(fmt.usage_chunk(request_id, created, usage(sum(prompt_lens), sum(num_output))))
     finally:
+        for task in tasks:
+            task.cancel()
         with contextlib.suppress(Exception):
-            await deltas.aclose()
+            await asyncio.gather(*tasks, return_exceptions=True)
     yield "data: [DONE]\n\n"
 
 

@@ -1,8 +1,8 @@
 """Request bodies of the OpenAI-compatible API (pydantic) and the OpenAI-style error.
 
 Fields that common clients send but we do not act on are accepted when they ask for the default
-behaviour (e.g. ``best_of=1``, ``repetition_penalty=1``) and rejected with a clear message otherwise;
-unknown fields are ignored.
+behaviour (e.g. ``best_of=1``, ``repetition_penalty=1``) and rejected with a 400 naming them otherwise
+(the table is ``refusals.py``); other unknown fields are ignored.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from sarathi.sampling_params import SamplingParams
 
+MAX_BATCH_PROMPTS = 256  # prompts in one /v1/completions request
 NonNegInt = Annotated[int, Field(ge=0)]
 # Token ids: JSON booleans are not integers here (pydantic's lax mode would read true as 1).
 TokenId = Annotated[StrictInt, Field(ge=0)]
@@ -85,19 +86,11 @@ class _SamplingRequest(BaseModel):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    min_p: float | None = None
     user: str | None = None
 
     def check_supported(self) -> None:
         """Raise APIError for options this server does not implement (default values pass)."""
-        if self.n != 1:
-            _unsupported("n", "only n=1 is supported; send one request per completion")
-        penalties = (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0))
-        for name, neutral in penalties:
-            value = getattr(self, name)
-            if value is not None and value != neutral:
-                _unsupported(name, f"penalties are not supported (only the neutral value {neutral})")
-        if self.logit_bias:
-            _unsupported("logit_bias", "not supported")
         if self.stream_options is not None and not self.stream:
             _unsupported("stream_options", "only allowed when stream is true")
 
@@ -124,6 +117,11 @@ class _SamplingRequest(BaseModel):
             ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output,
             logprobs=self.num_logprobs(),
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias=self.logit_bias or {},
+            min_p=self.min_p or 0.0,
         )
 
     @property
@@ -136,7 +134,7 @@ class _SamplingRequest(BaseModel):
 
 
 class CompletionRequest(_SamplingRequest):
-    """``POST /v1/completions``: one prompt, as text or token ids."""
+    """``POST /v1/completions``: a prompt as text or token ids, or a list of them (one choice each)."""
 
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     max_tokens: int | None = 16
@@ -145,26 +143,23 @@ class CompletionRequest(_SamplingRequest):
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     suffix: str | None = None
 
-    def check_supported(self) -> None:
-        super().check_supported()
-        if self.best_of not in (None, 1):
-            _unsupported("best_of", "only best_of=1 is supported")
-        if self.echo:
-            _unsupported("echo", "not supported")
-        if self.suffix:
-            _unsupported("suffix", "not supported")
-
     def num_logprobs(self) -> int | None:
         return self.logprobs
 
-    def single_prompt(self) -> str | list[int]:
-        """The one prompt of this request; batched prompts are refused."""
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts of this request: one text or token-id list, or a batch of them (one choice each)."""
         p = self.prompt
-        if isinstance(p, list) and p and isinstance(p[0], str | list):
-            if len(p) != 1:
-                raise APIError(f"prompt: got {len(p)} prompts; send one prompt per request", param="prompt")
-            p = p[0]
-        return p
+        if isinstance(p, str) or (p and not isinstance(p[0], str | list)):
+            return [p]
+        if not p:
+            raise APIError("prompt: the prompt is empty", param="prompt", code="empty_prompt")
+        if len(p) > MAX_BATCH_PROMPTS:
+            raise APIError(
+                f"prompt: {len(p)} prompts in one request, at most {MAX_BATCH_PROMPTS}",
+                param="prompt",
+                code="too_many_prompts",
+            )
+        return list(p)
 
 
 class ContentPart(BaseModel):
@@ -194,6 +189,17 @@ class ChatMessage(BaseModel):
         return "".join(parts)
 
 
+def conversation(messages: list[ChatMessage]) -> list[dict]:
+    """Messages as plain dicts for the chat template; a non-text part is an APIError naming it."""
+    out = []
+    for i, m in enumerate(messages):
+        try:
+            out.append({"role": m.role, "content": m.text()})
+        except ValueError as e:
+            raise APIError(f"messages.{i}.content: {e}", param=f"messages.{i}.content") from e
+    return out
+
+
 class ChatCompletionRequest(_SamplingRequest):
     """``POST /v1/chat/completions``."""
 
@@ -210,23 +216,13 @@ class ChatCompletionRequest(_SamplingRequest):
         super().check_supported()
         if self.top_logprobs and not self.logprobs:
             _unsupported("top_logprobs", "needs logprobs: true")
-        if self.tools:
-            _unsupported("tools", "tool calling is not supported")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            _unsupported("response_format", "only {'type': 'text'} is supported")
 
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def conversation(self) -> list[dict]:
         """Messages as plain dicts for the chat template."""
-        out = []
-        for i, m in enumerate(self.messages):
-            try:
-                out.append({"role": m.role, "content": m.text()})
-            except ValueError as e:
-                raise APIError(f"messages.{i}.content: {e}", param=f"messages.{i}.content") from e
-        return out
+        return conversation(self.messages)
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -138,7 +138,10 @@ async def _serve(args: argparse.Namespace, config, limits: RequestLimits, policy
     try:
         ready = await client.start()
         tokenizer = Tokenizer(ready.tokenizer_dir) if ready.tokenizer_dir else None
-        state = ServerState(client, name, tokenizer, ServerMetrics(), int(time.time()), limits)
+        sched = ready.config.scheduler
+        budget = sched.token_budget if sched.name in ("sarathi", "simple_chunking") else None
+        metrics = ServerMetrics(name, budget)
+        state = ServerState(client, name, tokenizer, metrics, int(time.time()), limits)
         app = create_app(state, policy)
         server = uvicorn.Server(
             uvicorn.Config(

@@ -1,0 +1,117 @@
+"""Request fields clients send (OpenAI's and vLLM's) that this server does not honour.
+
+A field left out, null, or set to the value that asks for the default behaviour passes; any other value
+is a 400 naming the field (``param``) with ``code: "unsupported"``, never a 200 that silently ignores it.
+Fields that are neither honoured nor listed here are ignored only because they change nothing alone
+(``user``, ``parallel_tool_calls``, ``guided_decoding_backend``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sarathi.entrypoints.openai.protocol import APIError
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One field we do not implement: the values that ask for the default behaviour pass."""
+
+    field: str
+    why: str
+    passes: Callable[[Any], bool]
+
+    def check(self, body: dict) -> None:
+        if self.field in body and body[self.field] is not None and not self.passes(body[self.field]):
+            raise APIError(
+                f"{self.field}: {self.why}; got {_short(body[self.field])}",
+                param=self.field,
+                code="unsupported",
+            )
+
+
+def _is(*neutral: Any) -> Callable[[Any], bool]:
+    # `type(v) is type(n)` so that e.g. true does not pass for 1 nor 0 for false.
+    return lambda v: (
+        any(type(v) is type(n) and v == n for n in neutral)
+        or (isinstance(v, float) and any(type(n) is int and v == n for n in neutral))
+    )
+
+
+def _never(_: Any) -> bool:
+    return False
+
+
+def _text_format(v: Any) -> bool:
+    return isinstance(v, dict) and v.get("type", "text") == "text"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_STRUCTURED = "structured outputs (guided decoding) are not supported"
+_TOOLS = "tool calling is not supported"
+_TEMPLATE = "only the model's own chat template is supported"
+
+SAMPLING = (
+    Refusal("n", "only n=1 is supported; send one request per completion", _is(1)),
+    Refusal("best_of", "only best_of=1 is supported", _is(1)),
+    Refusal("use_beam_search", "beam search is not supported", _is(False)),
+    Refusal("length_penalty", "beam search is not supported (only 1.0)", _is(1)),
+    Refusal("early_stopping", "beam search is not supported", _is(False)),
+    Refusal("prompt_logprobs", "prompt log probabilities are not supported", _never),
+    Refusal("allowed_token_ids", "allowed_token_ids is not supported", _never),
+    Refusal("bad_words", "bad_words is not supported", _is([])),
+    Refusal("logits_processors", "logits processors are not supported", _is([])),
+    Refusal("truncate_prompt_tokens", "prompt truncation is not supported; send a shorter prompt", _never),
+    Refusal("skip_special_tokens", "special tokens are always skipped in the output text", _is(True)),
+    Refusal("spaces_between_special_tokens", "not configurable here", _is(True)),
+    Refusal("return_tokens_as_token_ids", "not supported", _is(False)),
+    Refusal("priority", "request priorities are not supported (only 0)", _is(0)),
+    Refusal("guided_json", _STRUCTURED, _never),
+    Refusal("guided_regex", _STRUCTURED, _never),
+    Refusal("guided_choice", _STRUCTURED, _never),
+    Refusal("guided_grammar", _STRUCTURED, _never),
+    Refusal("structured_outputs", _STRUCTURED, _never),
+    Refusal("response_format", "only {'type': 'text'} is supported; " + _STRUCTURED, _text_format),
+)
+
+COMPLETIONS = (
+    *SAMPLING,
+    Refusal("echo", "echoing the prompt is not supported", _is(False)),
+    Refusal("suffix", "suffix (insertion) is not supported", _is("")),
+    Refusal("add_special_tokens", "the tokenizer's special tokens are always added", _is(True)),
+)
+
+_CHAT_TEMPLATE = (
+    Refusal("tools", _TOOLS, _is([])),
+    Refusal("tool_choice", _TOOLS + " (only 'none')", _is("none")),
+    Refusal("functions", _TOOLS, _is([])),
+    Refusal("function_call", _TOOLS + " (only 'none')", _is("none")),
+    Refusal("chat_template", _TEMPLATE, _never),
+    Refusal("chat_template_kwargs", _TEMPLATE + " with its defaults", _is({})),
+    Refusal("continue_final_message", "continuing the final message is not supported", _is(False)),
+    Refusal("documents", "documents (RAG) are not supported", _is([])),
+)
+
+CHAT = (
+    *SAMPLING,
+    *_CHAT_TEMPLATE,
+    Refusal("echo", "echoing the last message is not supported", _is(False)),
+    Refusal("add_special_tokens", "the chat template writes the special tokens", _is(False)),
+    Refusal("modalities", "text output only", _is(["text"])),
+    Refusal("audio", "audio output is not supported", _never),
+    Refusal("prediction", "predicted outputs are not supported", _never),
+)
+
+TOKENIZE = _CHAT_TEMPLATE
+
+
+def check_refusals(body: dict, refusals: tuple[Refusal, ...]) -> None:
+    """Raise APIError for the first field of ``body`` that asks for something we do not do."""
+    for refusal in refusals:
+        refusal.check(body)

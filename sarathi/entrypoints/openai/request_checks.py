@@ -1,0 +1,143 @@
+"""Request checks shared by the endpoints: parse a body into its pydantic model, the model name, prompt
+encoding and the engine's SamplingParams. Every failure is an APIError naming the field."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from sarathi.entrypoints.openai.guards import read_body
+from sarathi.entrypoints.openai.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    ChatMessage,
+    conversation,
+    validation_error,
+)
+from sarathi.entrypoints.openai.refusals import Refusal, check_refusals
+from sarathi.entrypoints.openai.server_state import ServerState
+from sarathi.sampling_params import SamplingParams
+
+
+async def parse_request(
+    state: ServerState, raw: Request, model: type[BaseModel], refusals: tuple[Refusal, ...] = ()
+) -> Any:
+    """The body as ``model``; then its own checks and the ``refusals`` of fields we do not honour."""
+    data = await read_body(raw, state.limits.max_body_bytes)
+    try:
+        body = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:  # ValueError: bad JSON, or an integer of > 4300 digits
+        raise APIError(f"the request body is not valid JSON: {e}") from e
+    except RecursionError as e:
+        raise APIError("the request body is nested too deeply") from e
+    if not isinstance(body, dict):
+        raise APIError("the request body must be a JSON object")
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise APIError("the request body contains a lone UTF-16 surrogate (e.g. \\ud800)") from e
+    except RecursionError as e:
+        raise APIError("the request body is nested too deeply") from e
+    try:
+        req = model.model_validate(body)
+    except ValidationError as e:
+        raise validation_error(e) from e
+    req.check_supported()
+    check_refusals(body, refusals)
+    return req
+
+
+def check_model(state: ServerState, name: str | None) -> None:
+    if name is not None and name != state.model_name:
+        raise APIError(
+            f"the model {name!r} does not exist; this server serves {state.model_name!r}",
+            404,
+            param="model",
+            type="not_found_error",
+            code="model_not_found",
+        )
+
+
+async def encode_prompt(state: ServerState, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, str):
+        if state.tokenizer is None:
+            raise APIError("this model has no tokenizer: send the prompt as token ids", param="prompt")
+        state.limits.check_prompt_chars(len(prompt), state.max_model_len, "prompt")
+        # Off the event loop: a long prompt must not stall /health and every open stream.
+        ids = await asyncio.to_thread(state.tokenizer.encode, prompt) if prompt else []
+    else:
+        vocab = state.client.ready.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise APIError(
+                f"prompt: token ids must be in [0, {vocab}), got {bad[:5]}",
+                param="prompt",
+                code="invalid_token_id",
+            )
+        ids = list(prompt)
+    if not ids:
+        raise APIError("prompt: the prompt is empty", param="prompt", code="empty_prompt")
+    return ids
+
+
+async def encode_chat(
+    state: ServerState,
+    messages: list[ChatMessage],
+    add_generation_prompt: bool = True,
+    add_special_tokens: bool = False,
+) -> list[int]:
+    """Token ids of ``messages`` rendered with the model's chat template."""
+    if state.tokenizer is None:
+        raise APIError("this model has no tokenizer", param="messages")
+    turns = conversation(messages)
+    state.limits.check_prompt_chars(sum(len(m["content"]) for m in turns), state.max_model_len, "messages")
+    try:
+        return await asyncio.to_thread(
+            state.tokenizer.apply_chat_template, turns, add_generation_prompt, add_special_tokens
+        )
+    except ValueError as e:
+        raise APIError(str(e), param="messages") from e
+
+
+def sampling_params_for(
+    state: ServerState, req, num_prompt_tokens: int, max_tokens: int | None, prompt_param: str
+) -> SamplingParams:
+    room = state.max_model_len - num_prompt_tokens
+    if room < 1:
+        raise APIError(
+            f"{prompt_param}: the prompt has {num_prompt_tokens} tokens, but this model's maximum context "
+            f"length is {state.max_model_len} tokens (prompt and output together)",
+            param=prompt_param,
+            code="context_length_exceeded",
+        )
+    if max_tokens is None:
+        max_tokens = room
+    elif max_tokens < 1:
+        raise APIError(f"max_tokens: must be at least 1, got {max_tokens}", param="max_tokens")
+    elif max_tokens > room:
+        raise APIError(
+            f"max_tokens: {max_tokens} output tokens were requested, but the prompt has {num_prompt_tokens} "
+            f"tokens and this model's maximum context length is {state.max_model_len}",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    state.limits.check_stop(req.stop_strings())
+    logprobs_param = "top_logprobs" if isinstance(req, ChatCompletionRequest) else "logprobs"
+    state.limits.check_logprobs(req.num_logprobs(), logprobs_param)
+    try:
+        params = req.sampling_params(max_tokens)
+    except ValueError as e:
+        param = str(e).split(" ", 1)[0]
+        raise APIError(str(e), param=param if param.isidentifier() else None) from e
+    vocab = state.client.ready.vocab_size
+    if bad := [t for t in params.stop_token_ids if t >= vocab]:
+        raise APIError(
+            f"stop_token_ids: token ids must be in [0, {vocab}), got {bad[:5]}", param="stop_token_ids"
+        )
+    if bad := [t for t, _ in params.logit_bias if t >= vocab]:
+        raise APIError(f"logit_bias: token ids must be in [0, {vocab}), got {bad[:5]}", param="logit_bias")
+    return params

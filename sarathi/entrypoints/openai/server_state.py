@@ -1,0 +1,26 @@
+"""What every endpoint of the API process shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sarathi.engine.core_client import EngineCoreClient
+from sarathi.entrypoints.openai.guards import RequestLimits
+from sarathi.entrypoints.openai.server_metrics import ServerMetrics
+from sarathi.tokenizer import Tokenizer
+
+
+@dataclass
+class ServerState:
+    """What the endpoints share: the engine-core client, the tokenizer and the metrics."""
+
+    client: EngineCoreClient
+    model_name: str
+    tokenizer: Tokenizer | None
+    metrics: ServerMetrics
+    created: int
+    limits: RequestLimits = field(default_factory=RequestLimits)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.client.ready.max_model_len

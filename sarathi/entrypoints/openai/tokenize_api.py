@@ -1,0 +1,93 @@
+"""``POST /tokenize`` and ``POST /detokenize`` with vLLM's request and response shapes.
+
+``/tokenize`` takes ``{"prompt": str}`` or ``{"messages": [...], "add_generation_prompt": bool}`` and
+answers ``{"count", "max_model_len", "tokens", "token_strs"}``; ``/detokenize`` takes ``{"tokens": [...]}``
+and answers ``{"prompt": str}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from sarathi.entrypoints.openai.protocol import APIError, ChatMessage, TokenId
+from sarathi.entrypoints.openai.refusals import TOKENIZE
+from sarathi.entrypoints.openai.request_checks import check_model, encode_chat, parse_request
+from sarathi.entrypoints.openai.server_state import ServerState
+
+
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize``: exactly one of ``prompt`` (text) or ``messages`` (a conversation).
+
+    ``add_special_tokens`` defaults as in vLLM: True for a prompt (the tokenizer's BOS), False for
+    messages (the chat template writes its own).
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool | None = None
+    return_token_strs: bool = False
+
+    def check_supported(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise APIError("give either prompt or messages (exactly one)", param="prompt")
+
+
+class DetokenizeRequest(BaseModel):
+    """``POST /detokenize``: token ids to text."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    tokens: list[TokenId]
+
+    def check_supported(self) -> None:
+        pass
+
+
+def add_tokenize_routes(app: FastAPI, state: ServerState) -> None:
+    """Register /tokenize and /detokenize on ``app``."""
+
+    @app.post("/tokenize")
+    async def tokenize(raw: Request) -> dict:
+        req = await parse_request(state, raw, TokenizeRequest, TOKENIZE)
+        check_model(state, req.model)
+        tokenizer = _tokenizer(state)
+        if req.messages is not None:
+            special = bool(req.add_special_tokens)
+            ids = await encode_chat(state, req.messages, req.add_generation_prompt, special)
+        else:
+            prompt = req.prompt or ""
+            state.limits.check_prompt_chars(len(prompt), state.max_model_len, "prompt")
+            special = True if req.add_special_tokens is None else req.add_special_tokens
+            ids = await asyncio.to_thread(tokenizer.encode, prompt, special) if prompt else []
+        return {
+            "count": len(ids),
+            "max_model_len": state.max_model_len,
+            "tokens": ids,
+            "token_strs": tokenizer.token_strs(ids) if req.return_token_strs else None,
+        }
+
+    @app.post("/detokenize")
+    async def detokenize(raw: Request) -> dict:
+        req = await parse_request(state, raw, DetokenizeRequest)
+        check_model(state, req.model)
+        tokenizer = _tokenizer(state)
+        vocab = state.client.ready.vocab_size
+        if bad := [t for t in req.tokens if t >= vocab]:
+            raise APIError(f"tokens: token ids must be in [0, {vocab}), got {bad[:5]}", param="tokens")
+        text = await asyncio.to_thread(tokenizer.decode, req.tokens, False)
+        return {"prompt": text}
+
+
+def _tokenizer(state: ServerState):
+    if state.tokenizer is None:
+        raise APIError("this model has no tokenizer", 400, code="no_tokenizer")
+    return state.tokenizer

@@ -1,0 +1,85 @@
+"""/metrics under vLLM's names: every metric the example Grafana dashboard queries is served, with a
+``model_name`` label, and the request counters move as requests finish."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+DASHBOARD = Path(__file__).parents[2] / "examples" / "grafana" / "sarathi-vllm-dashboard.json"
+METRIC_NAME = re.compile(r"\b(vllm:[a-zA-Z0-9_:]+|sarathi_[a-zA-Z0-9_]+)")
+
+
+def _samples(server) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def _dashboard_metric_names() -> set[str]:
+    exprs = []
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            exprs.extend(v for k, v in node.items() if k in ("expr", "definition") and isinstance(v, str))
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(json.loads(DASHBOARD.read_text()))
+    assert exprs
+    return {m for e in exprs for m in METRIC_NAME.findall(e)}
+
+
+def test_dashboard_metrics_exist_and_count_requests(server, openai_client, model_name):
+    before = _samples(server)
+    openai_client.completions.create(
+        model=model_name, prompt="Hello", max_tokens=4, extra_body={"ignore_eos": True}
+    )
+    chunks = openai_client.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=3,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    assert len(list(chunks)) == 3
+    after = _samples(server)
+
+    served = {name for name, _ in after}
+    wanted = _dashboard_metric_names()
+    assert {"vllm:time_to_first_token_seconds_bucket", "vllm:request_success_total"} <= wanted
+    assert not wanted - served, f"queried by the dashboard but not served: {sorted(wanted - served)}"
+    for name, labels in after:
+        if name.startswith("vllm:"):
+            assert dict(labels)["model_name"] == model_name, name
+
+    def delta(name: str, **labels: str) -> float:
+        labels = {"model_name": model_name, **labels}
+        return _value(after, name, **labels) - _value(before, name, **labels)
+
+    assert delta("vllm:request_success_total", finished_reason="length") == 2
+    assert delta("vllm:generation_tokens_total") == 7
+    assert delta("vllm:request_generation_tokens_sum") == 7
+    assert delta("vllm:prompt_tokens_total") == delta("vllm:request_prompt_tokens_sum") > 1
+    assert delta("vllm:time_to_first_token_seconds_count") == 2
+    assert delta("vllm:inter_token_latency_seconds_count") == 3 + 2
+    for phase in ("queue", "prefill", "decode"):
+        assert delta(f"vllm:request_{phase}_time_seconds_count") == 2
+    assert _value(after, "vllm:num_requests_running", model_name=model_name) == 0
+    assert 0 <= _value(after, "vllm:kv_cache_usage_perc", model_name=model_name) < 1
+    assert _value(after, "sarathi_token_budget") == 64
+    assert _value(after, "sarathi_iteration_decode_tokens_sum") >= 5
