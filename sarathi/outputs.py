@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -64,9 +63,9 @@ class RequestOutput:
     and from the engine core to the API process.
 
     ``new_token_ids`` / ``new_text`` / ``new_logprobs`` are this iteration's part (text that could still
-    become a stop string is held back until it is decided). ``token_ids`` and ``text`` (everything so far)
-    and ``metrics`` are filled in-process; ``for_transport`` drops them from all but a request's final
-    output, so streaming costs O(new tokens) per message.
+    become a stop string is held back until it is decided), produced at ``token_time``. ``token_ids`` and
+    ``text`` (everything) and ``metrics`` are set on a request's final output only, so each output costs
+    O(new tokens), in-process and in transport.
     """
 
     request_id: str
@@ -82,12 +81,7 @@ class RequestOutput:
     error: str | None = None  # set when finish_reason is "error": why the engine failed this request
     token_ids: list[int] | None = None
     text: str | None = None
-
-    def for_transport(self) -> RequestOutput:
-        """This output without the cumulative fields unless it is the request's last."""
-        if self.finished:
-            return self
-        return dataclasses.replace(self, token_ids=None, text=None, metrics=None)
+    token_time: float | None = None
 
 
 @dataclass(frozen=True)

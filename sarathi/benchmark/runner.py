@@ -51,13 +51,13 @@ class StoreFeeder:
             store.on_iteration(stats)
             store.on_stage_timings(engine.take_stage_timings())
         for out in outputs:
-            m = out.metrics
             rid = out.request_id
-            if m.first_scheduled_time is not None:
-                store.on_scheduled(rid, m.first_scheduled_time)
             for _ in out.new_token_ids:
-                store.on_token(rid, m.token_times[-1])
+                store.on_token(rid, out.token_time)
             if out.finished:
+                m = out.metrics  # a request's final output carries its metrics
+                if m.first_scheduled_time is not None:
+                    store.on_scheduled(rid, m.first_scheduled_time)
                 store.on_finish(rid, m.finished_time, m.num_preemptions)
                 self.num_finished += 1
         return completed

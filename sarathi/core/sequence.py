@@ -24,7 +24,7 @@ class SequenceStatus(enum.Enum):
 
     @property
     def is_finished(self) -> bool:
-        return self in _FINISHED
+        return self._value_ in _FINISHED_VALUES  # a str lookup: Enum.__hash__ is slow and this is hot
 
     @property
     def finish_reason(self) -> str | None:
@@ -38,6 +38,7 @@ _FINISHED = {
     SequenceStatus.FINISHED_ABORTED,
     SequenceStatus.FINISHED_ERROR,
 }
+_FINISHED_VALUES = frozenset(s.value for s in _FINISHED)
 
 
 @dataclass(eq=False)

@@ -56,7 +56,7 @@ class EngineCore:
                 self.engine.executor.check_health()
             else:
                 iterations_before = self.engine.num_iterations
-                out.outputs.extend(o.for_transport() for o in self.engine.step())
+                out.outputs.extend(self.engine.step())
                 if self.engine.num_iterations > iterations_before:
                     out.iterations.append(self.engine.stats[-1])
             now = time.monotonic()

@@ -42,21 +42,26 @@ class OutputProcessor:
                 self._check_stop_strings(seq, detok, delta, now)
             end = len(detok.text) if seq.is_finished else stop_safe_end(detok.text, seq.sampling_params.stop)
             start = self._emitted_chars[seq.seq_id]
-            text, new_text = detok.text[:end], detok.text[start:end]
+            new_text = detok.text[start:end]
             self._emitted_chars[seq.seq_id] = max(start, end)
+        finished = seq.is_finished
+        # The cumulative fields go on the last output only: copying them at every token is O(n^2).
+        if finished and detok is not None:
+            text = detok.text
         output = RequestOutput(
             request_id=seq.seq_id,
             new_token_ids=[token_id],
             new_text=new_text,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
-            finished=seq.is_finished,
+            finished=finished,
             finish_reason=seq.status.finish_reason,
             stop_reason=seq.stop_reason,
-            metrics=RequestMetrics.of(seq),
+            metrics=RequestMetrics.of(seq) if finished else None,
             new_logprobs=None if logprob is None else [logprob],
-            token_ids=list(seq.output_token_ids),
-            text=text,
+            token_ids=list(seq.output_token_ids) if finished else None,
+            text=text if finished else None,
+            token_time=now,
         )
         if seq.is_finished:
             self.remove(seq.seq_id)
