@@ -9,13 +9,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from sarathi.benchmark.capacity import Slo
+from sarathi.benchmark.capacity import SearchSettings, Slo
 from sarathi.benchmark.workload import WorkloadConfig
 from sarathi.config import EngineConfig
 from sarathi.simulator.tune import DEFAULT_BUDGETS
 
 logger = logging.getLogger(__name__)
-AUTO_WORKLOAD = WorkloadConfig(trace="sharegpt", num_requests=256, max_total_tokens=2048)
+AUTO_WORKLOAD = WorkloadConfig(trace="sharegpt", num_requests=128, max_total_tokens=2048)
 
 
 def auto_token_budget(config: EngineConfig, tbt_slo: float | None, progress: bool = True) -> int:
@@ -37,6 +37,7 @@ def auto_token_budget(config: EngineConfig, tbt_slo: float | None, progress: boo
         Slo(f"{tbt_slo * 1e3:g}ms", tbt_slo),
         DEFAULT_BUDGETS,
         [config.scheduler.max_num_seqs],
+        settings=SearchSettings(qps_start=1.0, qps_min=0.01, qps_max=1e4, rel_tol=0.1, max_probes=8),
     )
     print(format_result(result), flush=True)
     if result.best_capacity == 0:

@@ -59,6 +59,7 @@ def tune_config(
     router: str = "round_robin",
     qps_start: float = 1.0,
     report=None,
+    settings: SearchSettings | None = None,
 ) -> TuneResult:
     """Simulated capacity of every (budget, max_num_seqs) of ``sim_config``; see ``tune``."""
     candidates = [Candidate(b, m) for m in max_num_seqs_list for b in budgets]
@@ -72,7 +73,8 @@ def tune_config(
         s = store.summary()
         return Probe(qps, s["tbt_p99"], s["scheduling_delay_p50"], s["ttft_p99"])
 
-    settings = SearchSettings(qps_start=qps_start, qps_min=0.01, qps_max=1e4, rel_tol=0.05, max_probes=16)
+    if settings is None:
+        settings = SearchSettings(qps_start=qps_start, qps_min=0.01, qps_max=1e4, rel_tol=0.05, max_probes=16)
     return tune(candidates, measure, slo, settings, on_candidate=report)
 
 

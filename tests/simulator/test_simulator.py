@@ -140,3 +140,79 @@ def test_adaptive_budget_shrinks_with_slack():
     gaps = np.diff(store.requests["a"].token_times)
     assert max(gaps) <= 2.0 + 1e-9
     assert not math.isnan(store.summary()["tbt_p99"])
+
+
+def test_simulate_and_tune_commands_write_what_bench_writes(tmp_path):
+    import json
+
+    from sarathi.benchmark.bench_cli import SUMMARY_KEYS
+    from sarathi.entrypoints.cli import main
+
+    common = ["--hardware", "a100", "--model-spec", "mistral-7b", "--trace", "sharegpt", "--no-progress"]
+    out = tmp_path / "sim"
+    assert (
+        main(
+            [
+                "simulate",
+                *common,
+                "--num-requests",
+                "30",
+                "--qps",
+                "2",
+                "--schedulers",
+                "sarathi,vllm",
+                "--output-dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    entries = json.loads((out / "summary.json").read_text())
+    assert [e["label"] for e in entries] == ["sarathi", "vllm"]
+    assert all(set(SUMMARY_KEYS) <= set(e) and e["mode"] == "simulated" for e in entries)
+    assert (out / "sarathi" / "requests.csv").is_file() and (out / "tbt_cdf.png").is_file()
+
+    tuned = tmp_path / "tune"
+    assert (
+        main(
+            [
+                "tune",
+                *common,
+                "--tbt-slo",
+                "0.1",
+                "--budgets",
+                "256,2048",
+                "--num-requests",
+                "40",
+                "--output-dir",
+                str(tuned),
+            ]
+        )
+        == 0
+    )
+    record = json.loads((tuned / "tune.json").read_text())
+    assert record["best"]["token_budget"] in (256, 2048) and record["best_capacity_qps"] > 0
+    assert main(["simulate", "--hardware", "a100", "--no-progress"]) == 2  # --model-spec missing
+
+
+def test_token_budget_auto_uses_the_cached_machine_profile(tmp_path, monkeypatch):
+    import argparse
+
+    from sarathi.benchmark.workload import WorkloadConfig
+    from sarathi.entrypoints.args import add_engine_args, engine_config_from_args
+    from sarathi.simulator import auto_budget, machine_profile
+
+    # A made-up machine: 20 ms per iteration plus 0.5 ms per token, so a P99 TBT of 0.1 s allows
+    # iterations of up to ~160 tokens and tune must not pick the largest budgets.
+    model = MeasuredLatencyModel(knots=[], coefficients=[0.02, 5e-4, 0.0, 0.0, 0.0])
+    monkeypatch.setenv("SARATHI_CACHE_DIR", str(tmp_path))
+    small = WorkloadConfig(trace="synthetic", num_requests=24, length_scale=1.0)
+    monkeypatch.setattr(auto_budget, "AUTO_WORKLOAD", small)
+    parser = add_engine_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--token-budget", "auto", "--tbt-slo", "0.1"])
+    model.save(machine_profile.cached_profile_path(engine_config_from_args(parser.parse_args([]))))
+    monkeypatch.setattr(machine_profile, "profile_machine", lambda *a, **k: pytest.fail("profiled again"))
+    budget = engine_config_from_args(args).scheduler.token_budget
+    assert 32 <= budget <= 128
+    with pytest.raises(ValueError, match="--tbt-slo"):
+        engine_config_from_args(parser.parse_args(["--token-budget", "auto"]))
