@@ -21,8 +21,8 @@ from sarathi.config import EngineConfig
 from sarathi.simulator.batch_shape import BatchShape
 from sarathi.simulator.measured import MeasuredLatencyModel, Sample, cross_validate, fit
 
-PREFILL_TOKENS = (0, 16, 64, 128, 256, 512)
-DECODE_BATCH_SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
+PREFILL_TOKENS = (0, 16, 64, 256, 512)
+DECODE_BATCH_SIZES = (0, 1, 4, 16, 32, 64)
 CONTEXT_LENS = (128, 512, 1024)
 OVERHEAD_REQUESTS = 24
 
@@ -109,7 +109,7 @@ def measure_engine_overhead(engine, num_requests: int = OVERHEAD_REQUESTS) -> fl
     return max(0.0, statistics.median(periods))
 
 
-def profile_machine(config: EngineConfig, repeats: int = 3, progress: bool = True) -> MeasuredLatencyModel:
+def profile_machine(config: EngineConfig, repeats: int = 2, progress: bool = True) -> MeasuredLatencyModel:
     """Profile ``config``'s engine on this machine and return its fitted latency model."""
     from sarathi.benchmark.profiler import grid_points, profile_grid
     from sarathi.engine.llm_engine import LLMEngine
