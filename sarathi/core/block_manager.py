@@ -55,6 +55,7 @@ class BlockManager:
         self._tables: dict[str, list[int]] = {}
         # How many leading blocks of each table were already offered to the cache.
         self._num_registered: dict[str, int] = {}
+        self.num_evictions = 0  # cached blocks whose content was dropped to make room
 
     # --- sizes -------------------------------------------------------------------------------------------
     @property
@@ -110,6 +111,11 @@ class BlockManager:
                 self._hash[block] = h
                 self._cached[h] = block
         self._num_registered[seq_id] = max(start, end)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget the content of every free cached block (a cold cache, e.g. after a warm-up run)."""
+        while self._evictable:
+            self._free.append(self._evict())
 
     # --- new sequences -----------------------------------------------------------------------------------
     def can_allocate(self, num_tokens: int, block_hashes: Sequence[BlockHash] = ()) -> bool:
@@ -227,11 +233,15 @@ class BlockManager:
         taken = self._free[len(self._free) - from_free :]
         del self._free[len(self._free) - from_free :]
         taken.reverse()
-        for _ in range(n - from_free):
-            block, _ = self._evictable.popitem(last=False)
-            del self._cached[self._hash[block]]
-            self._hash[block] = None
-            taken.append(block)
+        taken += [self._evict() for _ in range(n - from_free)]
         for block in taken:
             self._ref_count[block] = 1
         return taken
+
+    def _evict(self) -> int:
+        """Take the least recently freed cached block out of the cache."""
+        block, _ = self._evictable.popitem(last=False)
+        del self._cached[self._hash[block]]
+        self._hash[block] = None
+        self.num_evictions += 1
+        return block

@@ -270,3 +270,15 @@ def test_shared_prefixes_hit_under_every_scheduler(name: str) -> None:
     assert hits > 0 and sum(b.prefix_cache_queries for b in result.batches) > hits
     if name in ("sarathi", "vllm"):
         assert result.num_preemptions > 0
+
+
+def test_reset_forgets_free_cached_blocks_only() -> None:
+    bm = BlockManager(4, 1, watermark=0.0, enable_caching=True)
+    for sid, tok in (("a", 1), ("b", 2)):
+        bm.allocate(sid, 1, chain([tok], 1))
+        computed(bm, sid, [tok])
+    bm.free("a")
+    bm.reset_prefix_cache()
+    assert bm.cached_prefix(chain([1], 1)) == [] and bm.num_cached_blocks == 1
+    assert bm.cached_prefix(chain([2], 1)) == bm.block_table("b"), "a held block stays cached"
+    assert bm.num_free_blocks == 3

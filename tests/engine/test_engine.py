@@ -254,3 +254,18 @@ def test_bf16_weights_halve_kv_memory_and_still_answer(compute_dtype):
     assert worker.model.compute_dtype == getattr(torch, compute_dtype)
     out = bf16.chat(QUESTION, SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)[0]
     assert "Paris" in out.text
+
+
+def test_prefix_cache_reuses_a_repeated_prompt(llm):
+    """On by default: a prompt sent again starts with its full blocks computed, and answers the same."""
+    prompt = list(range(1000, 1040))  # 2 full blocks of 16 and a partial one
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    stats = llm.engine.stats
+    before = len(stats)
+    first = llm.generate([prompt], params, use_tqdm=False)[0]
+    again = llm.generate([prompt], params, use_tqdm=False)[0]
+    runs = list(stats)[before:]
+    assert again.token_ids == first.token_ids
+    assert sum(s.prefix_cache_queries for s in runs) == 80
+    assert sum(s.prefix_cache_hits for s in runs) == 32
+    assert llm.engine.block_manager.num_used_blocks == 0
