@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from sarathi.benchmark.chat_workload import ChatSession
 from sarathi.benchmark.metrics_store import MetricsStore
 from sarathi.benchmark.workload import BenchRequest
 from sarathi.sampling_params import SamplingParams
@@ -25,46 +26,79 @@ def bench_params(num_output_tokens: int) -> SamplingParams:
 
 def warm_up(engine, prompt_token_ids: Sequence[int], num_output_tokens: int = 4) -> None:
     """Run one small request to completion so one-time costs (weight packing, allocator growth) are paid
-    before the measured run."""
+    before the measured run; the prefix cache is then emptied so the run starts cold."""
     engine.add_request("warmup", list(prompt_token_ids), bench_params(num_output_tokens))
     while engine.has_unfinished_requests():
         engine.step()
     engine.take_stage_timings()
+    engine.block_manager.reset_prefix_cache()
+
+
+class _FixedArrivals:
+    """A workload whose requests all have known arrival times (the ``ChatSession`` interface)."""
+
+    def __init__(self, requests: Sequence[BenchRequest]) -> None:
+        self._pending = sorted(requests, key=lambda r: r.arrival_time)
+        self._next = 0
+        self.num_requests = len(self._pending)
+
+    @property
+    def done(self) -> bool:
+        return self._next == len(self._pending)
+
+    def next_arrival(self) -> float | None:
+        return None if self.done else self._pending[self._next].arrival_time
+
+    def pop_due(self, now: float) -> list[BenchRequest]:
+        start = self._next
+        while self._next < len(self._pending) and self._pending[self._next].arrival_time <= now:
+            self._next += 1
+        return self._pending[start : self._next]
+
+    def on_finish(self, request_id: str, output_token_ids: list[int], now: float) -> None:
+        pass
 
 
 def run_in_process(
     engine,
-    requests: Sequence[BenchRequest],
+    requests: Sequence[BenchRequest] | ChatSession,
     store: MetricsStore | None = None,
     progress: bool = False,
     desc: str | None = None,
 ) -> MetricsStore:
-    """Replay ``requests`` (arrival offsets from now) on ``engine``; return the filled metrics store."""
+    """Replay ``requests`` (arrival offsets from now) on ``engine``; return the filled metrics store.
+
+    ``requests`` may be a ``ChatSession``, whose turns arrive as earlier turns finish.
+    """
     store = store if store is not None else MetricsStore()
-    pending = sorted(requests, key=lambda r: r.arrival_time)
-    if any(not r.prompt_token_ids for r in pending):
-        raise ValueError("every request needs prompt token ids (generate the workload with a token space)")
+    if not isinstance(requests, ChatSession):
+        if any(not r.prompt_token_ids for r in requests):
+            raise ValueError(
+                "every request needs prompt token ids (generate the workload with a token space)"
+            )
+        requests = _FixedArrivals(requests)
+    source = requests
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(pending), desc=desc, unit="req", leave=False)
+        bar = tqdm(total=source.num_requests, desc=desc, unit="req", leave=False)
     last_iteration = engine.stats[-1].iteration if engine.stats else -1
-    next_i, idle = 0, 0
+    idle = 0
     t0 = time.monotonic()
     try:
-        while next_i < len(pending) or engine.has_unfinished_requests():
-            now = time.monotonic()
-            while next_i < len(pending) and t0 + pending[next_i].arrival_time <= now:
-                r = pending[next_i]
+        while not source.done or engine.has_unfinished_requests():
+            for r in source.pop_due(time.monotonic() - t0):
                 arrival = t0 + r.arrival_time
                 engine.add_request(
                     r.request_id, list(r.prompt_token_ids), bench_params(r.num_output_tokens), arrival
                 )
                 store.on_arrival(r.request_id, arrival, r.num_prompt_tokens, r.num_output_tokens)
-                next_i += 1
             if not engine.has_unfinished_requests():
-                time.sleep(max(0.0, t0 + pending[next_i].arrival_time - time.monotonic()))
+                next_arrival = source.next_arrival()
+                if next_arrival is None:
+                    raise RuntimeError("the workload is waiting for requests that are not running")
+                time.sleep(max(0.0, t0 + next_arrival - time.monotonic()))
                 continue
             outputs = engine.step()
             stats = engine.stats[-1] if engine.stats else None
@@ -86,6 +120,7 @@ def run_in_process(
                     store.on_token(rid, m.token_times[-1])
                 if out.finished:
                     store.on_finish(rid, m.finished_time, m.num_preemptions)
+                    source.on_finish(rid, list(out.token_ids), m.finished_time - t0)
                     if bar is not None:
                         bar.update(1)
     finally:
