@@ -234,7 +234,10 @@ def test_iteration_stats_account_for_every_token():
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)
     stats = list(llm.engine.stats)
-    assert sum(s.num_prefill_tokens for s in stats) == 50 + 9 + 70
+    # The prompts share their first tokens: what the prefix cache held was not computed again.
+    hits = sum(s.prefix_cache_hits for s in stats)
+    assert sum(s.num_prefill_tokens for s in stats) + hits == 50 + 9 + 70
+    assert sum(s.prefix_cache_queries for s in stats) == 50 + 9 + 70
     assert sum(s.num_decode_tokens for s in stats) == 3 * 4
     assert all(0 < s.num_tokens <= 32 and s.wall_time > 0 for s in stats)
     assert [s.iteration for s in stats] == list(range(len(stats)))
