@@ -91,12 +91,14 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """Paged KV cache: block size and pool size (a block count, or a memory budget in GiB)."""
+    """Paged KV cache: block size, pool size (a block count, or a memory budget in GiB) and whether full
+    blocks are reused across requests that share a prefix (automatic prefix caching)."""
 
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory_gib: float | None = None
     watermark: float = 0.01
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -215,6 +217,7 @@ def engine_config(
     block_size: int = 16,
     num_kv_blocks: int | None = None,
     kv_cache_memory_gib: float | None = None,
+    enable_prefix_caching: bool = True,
     tensor_parallel_size: int = 1,
     pipeline_parallel_size: int = 1,
     distributed_executor_backend: str | None = None,
@@ -231,7 +234,10 @@ def engine_config(
             hf_config=hf_config,
         ),
         cache=CacheConfig(
-            block_size=block_size, num_kv_blocks=num_kv_blocks, kv_cache_memory_gib=kv_cache_memory_gib
+            block_size=block_size,
+            num_kv_blocks=num_kv_blocks,
+            kv_cache_memory_gib=kv_cache_memory_gib,
+            enable_prefix_caching=enable_prefix_caching,
         ),
         scheduler=SchedulerConfig(
             name=scheduler,

@@ -98,6 +98,9 @@ class IterationStats:
     num_running: int = 0
     num_waiting: int = 0
     num_used_blocks: int = 0
+    # Tokens of the requests admitted in this iteration, and how many of them the prefix cache held.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
     seq_ids: tuple[str, ...] = field(default=(), repr=False)
     step_id: int = -1  # the StepInput that ran this iteration (matches the workers' StageTimings)
 

@@ -3,17 +3,22 @@
 Writes into ``--output-dir``: ``summary.json`` (a list, one entry per config), per config a folder with
 ``requests.csv``, ``iterations.csv`` (in-process only), ``cdf.csv`` and its own ``summary.json``, and the
 plots ``tbt_cdf.png``, ``ttft_cdf.png``, ``tokens_over_time.png`` and ``iteration_time_vs_tokens.png``.
+
+``--trace chat`` replays multi-turn conversations instead (sarathi/benchmark/chat_workload.py): ``--qps``
+is then the rate at which conversations start, and it runs in-process only.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from sarathi.benchmark.chat_workload import ChatSession, ChatWorkloadConfig, generate_conversations
 from sarathi.benchmark.metrics_store import MetricsStore, json_safe
 from sarathi.benchmark.workload import (
     ARRIVALS,
@@ -29,6 +34,7 @@ from sarathi.benchmark.workload import (
 from sarathi.config import SCHEDULER_NAMES, EngineConfig
 from sarathi.entrypoints.args import add_engine_args, engine_config_from_args
 
+CHAT = "chat"
 # Schedulers whose iterations are bounded by the token budget; the others ignore it.
 CHUNKING_SCHEDULERS = ("sarathi", "simple_chunking")
 SUMMARY_KEYS = (
@@ -84,7 +90,7 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     w.add_argument(
         "--trace",
         default="sharegpt",
-        help=f"a CSV path or one of: {', '.join([*BUILTIN_TRACES, SYNTHETIC])}",
+        help=f"a CSV path or one of: {', '.join([*BUILTIN_TRACES, SYNTHETIC, CHAT])}",
     )
     w.add_argument("--num-requests", type=int, default=64)
     w.add_argument("--arrival", default="poisson", choices=ARRIVALS)
@@ -99,6 +105,12 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
         "--output-len", type=csv_list(int), default=[64], help="synthetic output length: N or MIN,MAX"
     )
     w.add_argument("--zipf-theta", type=float, default=1.1)
+    c = parser.add_argument_group("chat workload (--trace chat; answers are --output-len long)")
+    c.add_argument("--conversations", type=int, default=16, help="number of conversations")
+    c.add_argument("--turns", type=csv_list(int), default=[2, 6], help="turns per conversation: N or MIN,MAX")
+    c.add_argument("--system-prompt-len", type=int, default=256, help="tokens of the shared system prompt")
+    c.add_argument("--user-len", type=csv_list(int), default=[16, 64], help="user message: N or MIN,MAX")
+    c.add_argument("--think-time", type=float, default=2.0, help="mean seconds between turns (exponential)")
 
 
 def _min_max(values: list[int], name: str) -> tuple[int, int]:
@@ -107,10 +119,29 @@ def _min_max(values: list[int], name: str) -> tuple[int, int]:
     return values[0], values[-1]
 
 
-def workload_config_from_args(args: argparse.Namespace, qps: float | None) -> WorkloadConfig:
-    """A validated WorkloadConfig from the workload flags (ValueError names a bad value)."""
+def workload_config_from_args(
+    args: argparse.Namespace, qps: float | None
+) -> WorkloadConfig | ChatWorkloadConfig:
+    """A validated workload config from the workload flags (ValueError names a bad value)."""
     p_lo, p_hi = _min_max(args.prompt_len, "prompt-len")
     o_lo, o_hi = _min_max(args.output_len, "output-len")
+    if args.trace == CHAT:
+        t_lo, t_hi = _min_max(args.turns, "turns")
+        u_lo, u_hi = _min_max(args.user_len, "user-len")
+        return ChatWorkloadConfig(
+            num_conversations=args.conversations,
+            min_turns=t_lo,
+            max_turns=t_hi,
+            system_prompt_len=args.system_prompt_len,
+            user_min=u_lo,
+            user_max=u_hi,
+            output_min=o_lo,
+            output_max=o_hi,
+            think_time=args.think_time,
+            qps=qps,
+            max_total_tokens=args.max_total_tokens,
+            seed=args.seed,
+        )
     if args.trace != SYNTHETIC:
         trace_path(args.trace)  # fail before loading any model
     return WorkloadConfig(
@@ -150,7 +181,7 @@ def engine_config_for(args: argparse.Namespace, config: BenchConfig) -> EngineCo
 
 def run_one_in_process(
     engine_config: EngineConfig,
-    workload: WorkloadConfig,
+    workload: WorkloadConfig | ChatWorkloadConfig,
     config: BenchConfig,
     progress: bool = False,
     engine=None,
@@ -162,8 +193,16 @@ def run_one_in_process(
     owned = engine is None
     engine = LLMEngine(engine_config) if owned else engine
     try:
-        requests = generate_workload(workload, TokenSpace.of_engine(engine))
-        warm_up(engine, requests[0].prompt_token_ids[:32])
+        space = TokenSpace.of_engine(engine)
+        if isinstance(workload, ChatWorkloadConfig):
+            conversations = generate_conversations(workload, space)
+            warm_up(
+                engine, conversations[0].system_token_ids[:32] or conversations[0].turns[0].user_token_ids
+            )
+            requests = ChatSession(conversations)
+        else:
+            requests = generate_workload(workload, space)
+            warm_up(engine, requests[0].prompt_token_ids[:32])
         store = run_in_process(engine, requests, progress=progress, desc=config.label)
     finally:
         if owned:
@@ -189,19 +228,23 @@ _MODE_KEYS = {
 }
 
 
-def summary_entry(config: BenchConfig, workload: WorkloadConfig, store: MetricsStore, mode: str) -> dict:
+def summary_entry(
+    config: BenchConfig, workload: WorkloadConfig | ChatWorkloadConfig, store: MetricsStore, mode: str
+) -> dict:
     """The summary.json entry of one run: identity, workload settings, then the store's metrics."""
+    chat = isinstance(workload, ChatWorkloadConfig)
     return {
         "label": config.label,
         "scheduler": config.scheduler,
         "token_budget": config.token_budget,
         "qps": workload.qps,
         "mode": mode,
-        "trace": workload.trace,
-        "arrival": workload.arrival,
-        "length_scale": workload.length_scale,
+        "trace": CHAT if chat else workload.trace,
+        "arrival": "poisson" if chat else workload.arrival,
+        "length_scale": None if chat else workload.length_scale,
         "max_total_tokens": workload.max_total_tokens,
         "seed": workload.seed,
+        **({"chat": dataclasses.asdict(workload)} if chat else {}),
         **_MODE_KEYS,
         **store.summary(),
     }
@@ -325,12 +368,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_url(args, workload: WorkloadConfig, config: BenchConfig, progress: bool) -> BenchRun:
+def _run_url(
+    args, workload: WorkloadConfig | ChatWorkloadConfig, config: BenchConfig, progress: bool
+) -> BenchRun:
     """Against a live server: prompts use the token space of ``--model`` (default: the embedded model),
     which must be the model the server runs. The server's own settings apply; the summary records the
     first of ``--schedulers`` / ``--token-budget`` as the caller's description of them."""
     from sarathi.benchmark.http_client import run_http
 
+    if isinstance(workload, ChatWorkloadConfig):
+        raise ValueError("the chat workload runs in-process only (each turn resends the exact answer tokens)")
     folder = args.model
     if folder is None:
         from sarathi.model import embedded_model_path

@@ -42,6 +42,8 @@ ITERATION_COLUMNS = (
     "num_decode_tokens",
     "num_seqs",
     "num_preempted",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
 )
 # Metrics written to cdf.csv: RequestRecord attributes, and 'tbt' for every time-between-tokens gap.
 CDF_METRICS = ("ttft", "tbt", "scheduling_delay", "e2e_latency", "normalized_e2e_latency")
@@ -175,7 +177,19 @@ class MetricsStore:
             "num_preemptions": None if None in preempt else sum(preempt),
             "num_iterations": len(self.iterations),
             "iteration_time_p50": percentile(iter_times, 50),
+            **self._prefix_cache_summary(),
             **self._pipeline_summary(),
+        }
+
+    def _prefix_cache_summary(self) -> dict:
+        """Admitted tokens looked up in the prefix cache and the share found (None when nothing was
+        looked up: caching off, or an HTTP run, which has no iteration records)."""
+        queries = sum(it.prefix_cache_queries for it in self.iterations)
+        hits = sum(it.prefix_cache_hits for it in self.iterations)
+        return {
+            "prefix_cache_queries": queries,
+            "prefix_cache_hits": hits,
+            "prefix_cache_hit_rate": hits / queries if queries else None,
         }
 
     def _pipeline_summary(self) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from sarathi.benchmark.chat_workload import ChatSession
 from sarathi.benchmark.metrics_store import MetricsStore
 from sarathi.benchmark.workload import BenchRequest
 from sarathi.sampling_params import SamplingParams
@@ -25,19 +26,46 @@ def bench_params(num_output_tokens: int) -> SamplingParams:
 
 def warm_up(engine, prompt_token_ids: Sequence[int], num_output_tokens: int = 4) -> None:
     """Run one small request to completion so one-time costs (weight packing, allocator growth) are paid
-    before the measured run."""
+    before the measured run; the prefix cache is then emptied so the run starts cold."""
     engine.add_request("warmup", list(prompt_token_ids), bench_params(num_output_tokens))
     while engine.has_unfinished_requests():
         engine.step()
     engine.take_stage_timings()
+    engine.block_manager.reset_prefix_cache()
+
+
+class _FixedArrivals:
+    """A workload whose requests all have known arrival times (the ``ChatSession`` interface)."""
+
+    def __init__(self, requests: Sequence[BenchRequest]) -> None:
+        self._pending = sorted(requests, key=lambda r: r.arrival_time)
+        self._next = 0
+        self.num_requests = len(self._pending)
+
+    @property
+    def done(self) -> bool:
+        return self._next == len(self._pending)
+
+    def next_arrival(self) -> float | None:
+        return None if self.done else self._pending[self._next].arrival_time
+
+    def pop_due(self, now: float) -> list[BenchRequest]:
+        start = self._next
+        while self._next < len(self._pending) and self._pending[self._next].arrival_time <= now:
+            self._next += 1
+        return self._pending[start : self._next]
+
+    def on_finish(self, request_id: str, output_token_ids: list[int], now: float) -> None:
+        pass
 
 
 class StoreFeeder:
     """Feeds one engine's completed iterations, stage timings and request outputs into a metrics store."""
 
-    def __init__(self, engine, store: MetricsStore) -> None:
+    def __init__(self, engine, store: MetricsStore, on_finish=None) -> None:
         self.engine = engine
         self.store = store
+        self.on_finish = on_finish  # called with each request's final output
         self.last_iteration = engine.stats[-1].iteration if engine.stats else -1
         self.num_finished = 0
 
@@ -60,42 +88,55 @@ class StoreFeeder:
                     store.on_scheduled(rid, m.first_scheduled_time)
                 store.on_finish(rid, m.finished_time, m.num_preemptions)
                 self.num_finished += 1
+                if self.on_finish is not None:
+                    self.on_finish(out)
         return completed
 
 
 def run_in_process(
     engine,
-    requests: Sequence[BenchRequest],
+    requests: Sequence[BenchRequest] | ChatSession,
     store: MetricsStore | None = None,
     progress: bool = False,
     desc: str | None = None,
 ) -> MetricsStore:
-    """Replay ``requests`` (arrival offsets from now) on ``engine``; return the filled metrics store."""
+    """Replay ``requests`` (arrival offsets from now) on ``engine``; return the filled metrics store.
+
+    ``requests`` may be a ``ChatSession``, whose turns arrive as earlier turns finish.
+    """
     store = store if store is not None else MetricsStore()
-    pending = sorted(requests, key=lambda r: r.arrival_time)
-    if any(not r.prompt_token_ids for r in pending):
-        raise ValueError("every request needs prompt token ids (generate the workload with a token space)")
+    if not isinstance(requests, ChatSession):
+        if any(not r.prompt_token_ids for r in requests):
+            raise ValueError(
+                "every request needs prompt token ids (generate the workload with a token space)"
+            )
+        requests = _FixedArrivals(requests)
+    source = requests
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(pending), desc=desc, unit="req", leave=False)
-    feeder = StoreFeeder(engine, store)
-    next_i, idle = 0, 0
+        bar = tqdm(total=source.num_requests, desc=desc, unit="req", leave=False)
     t0 = time.monotonic()
+
+    def on_finish(out) -> None:
+        source.on_finish(out.request_id, list(out.token_ids), out.metrics.finished_time - t0)
+
+    feeder = StoreFeeder(engine, store, on_finish)
+    idle = 0
     try:
-        while next_i < len(pending) or engine.has_unfinished_requests():
-            now = time.monotonic()
-            while next_i < len(pending) and t0 + pending[next_i].arrival_time <= now:
-                r = pending[next_i]
+        while not source.done or engine.has_unfinished_requests():
+            for r in source.pop_due(time.monotonic() - t0):
                 arrival = t0 + r.arrival_time
                 engine.add_request(
                     r.request_id, list(r.prompt_token_ids), bench_params(r.num_output_tokens), arrival
                 )
                 store.on_arrival(r.request_id, arrival, r.num_prompt_tokens, r.num_output_tokens)
-                next_i += 1
             if not engine.has_unfinished_requests():
-                time.sleep(max(0.0, t0 + pending[next_i].arrival_time - time.monotonic()))
+                next_arrival = source.next_arrival()
+                if next_arrival is None:
+                    raise RuntimeError("the workload is waiting for requests that are not running")
+                time.sleep(max(0.0, t0 + next_arrival - time.monotonic()))
                 continue
             if feeder.after_step(engine.step()):
                 idle = 0

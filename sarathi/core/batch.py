@@ -47,11 +47,15 @@ class BatchEntry:
 class Batch:
     """One iteration: an ordered list of entries (prefill chunks and decodes may mix).
 
-    ``preempted`` lists the sequences the scheduler preempted while forming this batch.
+    ``preempted`` lists the sequences the scheduler preempted while forming this batch; the prefix-cache
+    counts are the tokens of the sequences it admitted (queries) and how many of them were found in
+    the cache (hits), both 0 when caching is off.
     """
 
     entries: list[BatchEntry] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
     def add(self, seq: Sequence, num_tokens: int) -> BatchEntry:
         entry = BatchEntry.next_tokens(seq, num_tokens)

@@ -1,9 +1,14 @@
-"""Paged KV cache bookkeeping: a pool of fixed-size blocks, one free list and a block table per sequence.
+"""Paged KV cache bookkeeping: a pool of fixed-size blocks, block tables per sequence, and a prefix cache.
 
 Pure Python: it only hands out block ids; the model runner owns the tensors they index.
 """
 
 from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+
+from sarathi.core.block_hash import BlockHash
 
 
 class BlockManagerError(RuntimeError):
@@ -16,10 +21,18 @@ class BlockManager:
     A sequence's block table holds enough blocks for a number of tokens; tables only grow until the
     sequence is freed. ``watermark_blocks`` blocks are kept free when admitting a new sequence (but not
     when growing a running one), so that admissions do not immediately force running sequences to be
-    preempted. Freed blocks are reused last-in first-out.
+    preempted.
+
+    With ``enable_caching``, a full block whose KV has been computed is registered under its chained
+    content hash (``cache_full_blocks``); a new sequence whose leading block hashes are registered shares
+    those blocks (reference counts) instead of recomputing them. A freed registered block stays free but
+    reusable until its memory is needed: free blocks without content are handed out first (last in,
+    first out, as without caching), then registered ones least recently freed first.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.01) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, watermark: float = 0.01, enable_caching: bool = False
+    ) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
@@ -30,18 +43,34 @@ class BlockManager:
         self.block_size = block_size
         self.watermark = watermark
         self.watermark_blocks = int(watermark * num_blocks)
-        # A stack: pop() takes from the end, so block 0 goes out first and freed blocks come back first.
+        self.enable_caching = enable_caching
+        # A stack of free blocks with no cached content: pop() takes from the end, so block 0 goes out
+        # first and freed blocks come back first.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        # Free blocks with cached content, least recently freed first: O(1) append, evict and revive.
+        self._evictable: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._ref_count = [0] * num_blocks
+        self._hash: list[BlockHash | None] = [None] * num_blocks
+        self._cached: dict[BlockHash, int] = {}
         self._tables: dict[str, list[int]] = {}
+        # How many leading blocks of each table were already offered to the cache.
+        self._num_registered: dict[str, int] = {}
+        self.num_evictions = 0  # cached blocks whose content was dropped to make room
 
     # --- sizes -------------------------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks no sequence holds, cached content or not."""
+        return len(self._free) + len(self._evictable)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks registered in the prefix cache (held by sequences or free)."""
+        return len(self._cached)
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold ``num_tokens`` tokens."""
@@ -53,21 +82,72 @@ class BlockManager:
         """Whether a sequence of ``num_tokens`` tokens could be admitted into an otherwise empty cache."""
         return self.blocks_needed(num_tokens) <= self.num_blocks - self.watermark_blocks
 
-    # --- new sequences -----------------------------------------------------------------------------------
-    def can_allocate(self, num_tokens: int) -> bool:
-        """Whether a new sequence needing room for ``num_tokens`` tokens can be admitted now."""
-        return self.blocks_needed(num_tokens) <= self.num_free_blocks - self.watermark_blocks
+    # --- the prefix cache --------------------------------------------------------------------------------
+    def cached_prefix(self, block_hashes: Sequence[BlockHash]) -> list[int]:
+        """Block ids of the longest leading run of ``block_hashes`` found in the cache (none if disabled)."""
+        blocks: list[int] = []
+        if self.enable_caching:
+            for h in block_hashes:
+                block = self._cached.get(h)
+                if block is None:
+                    break
+                blocks.append(block)
+        return blocks
 
-    def allocate(self, seq_id: str, num_tokens: int) -> None:
-        """Give a new sequence a block table with room for ``num_tokens`` tokens."""
+    def cache_full_blocks(self, seq_id: str, block_hashes: Sequence[BlockHash], num_computed: int) -> None:
+        """Register ``seq_id``'s full blocks whose KV is computed (its first ``num_computed`` tokens).
+
+        ``block_hashes[i]`` names the content of table block ``i``. A block whose hash is already
+        registered elsewhere (two requests computed the same prefix at once) stays unregistered.
+        """
+        if not self.enable_caching:
+            return
+        table = self._table(seq_id)
+        start = self._num_registered.get(seq_id, 0)
+        end = min(num_computed // self.block_size, len(block_hashes), len(table))
+        for i in range(start, end):
+            block, h = table[i], block_hashes[i]
+            if self._hash[block] is None and h not in self._cached:
+                self._hash[block] = h
+                self._cached[h] = block
+        self._num_registered[seq_id] = max(start, end)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget the content of every free cached block (a cold cache, e.g. after a warm-up run)."""
+        while self._evictable:
+            self._free.append(self._evict())
+
+    # --- new sequences -----------------------------------------------------------------------------------
+    def can_allocate(self, num_tokens: int, block_hashes: Sequence[BlockHash] = ()) -> bool:
+        """Whether a new sequence needing room for ``num_tokens`` tokens can be admitted now.
+
+        Cached blocks it would share (the leading run of ``block_hashes``) are not new memory; those
+        that are free still leave the free pool.
+        """
+        return self._blocks_to_take(num_tokens, self.cached_prefix(block_hashes)) <= (
+            self.num_free_blocks - self.watermark_blocks
+        )
+
+    def allocate(self, seq_id: str, num_tokens: int, block_hashes: Sequence[BlockHash] = ()) -> int:
+        """Give a new sequence a block table with room for ``num_tokens`` tokens; return how many leading
+        blocks it shares from the cache (their KV is already computed)."""
         if seq_id in self._tables:
             raise BlockManagerError(f"sequence {seq_id!r} already owns blocks; free it before allocating")
-        if not self.can_allocate(num_tokens):
+        hits = self.cached_prefix(block_hashes)
+        needed = self._blocks_to_take(num_tokens, hits)
+        if needed > self.num_free_blocks - self.watermark_blocks:
             raise BlockManagerError(
-                f"cannot allocate {self.blocks_needed(num_tokens)} blocks for {seq_id!r}: "
+                f"cannot allocate {needed} blocks for {seq_id!r}: "
                 f"{self.num_free_blocks} free, {self.watermark_blocks} kept as watermark"
             )
-        self._tables[seq_id] = self._take(self.blocks_needed(num_tokens))
+        hits = hits[: self.blocks_needed(num_tokens)]
+        for block in hits:  # before _take, which could otherwise evict them
+            if self._ref_count[block] == 0:
+                del self._evictable[block]
+            self._ref_count[block] += 1
+        self._tables[seq_id] = hits + self._take(self.blocks_needed(num_tokens) - len(hits))
+        self._num_registered[seq_id] = len(hits)
+        return len(hits)
 
     # --- running sequences -------------------------------------------------------------------------------
     def can_append_slots(self, seq_id: str, num_tokens: int) -> bool:
@@ -85,11 +165,21 @@ class BlockManager:
         self._tables[seq_id].extend(self._take(missing))
 
     def free(self, seq_id: str) -> None:
-        """Return all of ``seq_id``'s blocks to the pool; a no-op if it owns none."""
+        """Drop ``seq_id``'s hold on its blocks; a no-op if it owns none.
+
+        Blocks no other sequence holds become free: cached ones stay reusable until evicted.
+        """
         table = self._tables.pop(seq_id, None)
-        if table:
-            # Reversed so that the table's first block is the next one handed out.
-            self._free.extend(reversed(table))
+        self._num_registered.pop(seq_id, None)
+        # Reversed: the table's first uncached block is the next one handed out, and its last cached
+        # block (the least likely to be shared: a longer prefix) is evicted before its first.
+        for block in reversed(table or ()):
+            self._ref_count[block] -= 1
+            if self._ref_count[block] == 0:
+                if self._hash[block] is None:
+                    self._free.append(block)
+                else:
+                    self._evictable[block] = None
 
     # --- inspection --------------------------------------------------------------------------------------
     def block_table(self, seq_id: str) -> list[int]:
@@ -111,8 +201,16 @@ class BlockManager:
 
     @property
     def free_block_ids(self) -> list[int]:
-        """A copy of the free list."""
-        return list(self._free)
+        """A copy of the free blocks: those without cached content, then cached ones in eviction order."""
+        return list(self._free) + list(self._evictable)
+
+    def ref_count(self, block: int) -> int:
+        """How many block tables hold ``block``."""
+        return self._ref_count[block]
+
+    def block_hash(self, block: int) -> BlockHash | None:
+        """The content hash ``block`` is cached under, or None."""
+        return self._hash[block]
 
     # --- internals ---------------------------------------------------------------------------------------
     def _table(self, seq_id: str) -> list[int]:
@@ -124,8 +222,26 @@ class BlockManager:
     def _missing_blocks(self, seq_id: str, num_tokens: int) -> int:
         return max(0, self.blocks_needed(num_tokens) - len(self._table(seq_id)))
 
+    def _blocks_to_take(self, num_tokens: int, hits: list[int]) -> int:
+        """Free blocks an allocation takes: new ones, plus cached hits that are currently free."""
+        hits = hits[: self.blocks_needed(num_tokens)]
+        revived = sum(1 for b in hits if self._ref_count[b] == 0)
+        return self.blocks_needed(num_tokens) - len(hits) + revived
+
     def _take(self, n: int) -> list[int]:
-        taken = self._free[len(self._free) - n :]
-        del self._free[len(self._free) - n :]
+        from_free = min(n, len(self._free))
+        taken = self._free[len(self._free) - from_free :]
+        del self._free[len(self._free) - from_free :]
         taken.reverse()
+        taken += [self._evict() for _ in range(n - from_free)]
+        for block in taken:
+            self._ref_count[block] = 1
         return taken
+
+    def _evict(self) -> int:
+        """Take the least recently freed cached block out of the cache."""
+        block, _ = self._evictable.popitem(last=False)
+        del self._cached[self._hash[block]]
+        self._hash[block] = None
+        self.num_evictions += 1
+        return block

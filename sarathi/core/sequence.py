@@ -67,6 +67,8 @@ class Sequence:
     finished_time: float | None = None
     num_preemptions: int = 0
     stop_reason: int | str | None = None
+    # Prefix-cache keys of its full blocks (core/block_hash.py), extended as tokens are added.
+    block_hashes: list[bytes] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

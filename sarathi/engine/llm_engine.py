@@ -69,7 +69,9 @@ class LLMEngine:
         self.tokenizer = Tokenizer(self.tokenizer_dir) if self.tokenizer_dir else None
         self.num_kv_blocks = self._resolve_num_blocks()
         self.eos_token_ids = self._eos_token_ids(self.tokenizer_dir)
-        self.block_manager = BlockManager(self.num_kv_blocks, cc.block_size, cc.watermark)
+        self.block_manager = BlockManager(
+            self.num_kv_blocks, cc.block_size, cc.watermark, enable_caching=cc.enable_prefix_caching
+        )
         self.max_model_len = self._resolve_max_model_len()
         self.scheduler = make_scheduler(config.scheduler, self.block_manager, self.max_model_len)
         if config.scheduler.adaptive_tbt_slo is not None:
@@ -297,6 +299,8 @@ class LLMEngine:
                 num_running=self.scheduler.num_running,
                 num_waiting=self.scheduler.num_waiting,
                 num_used_blocks=self.block_manager.num_used_blocks,
+                prefix_cache_queries=batch.prefix_cache_queries,
+                prefix_cache_hits=batch.prefix_cache_hits,
                 seq_ids=tuple(batch.seq_ids),
                 step_id=flight.step_id,
             )

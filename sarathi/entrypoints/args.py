@@ -37,6 +37,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     c.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     c.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size in blocks")
     c.add_argument("--kv-cache-memory", type=float, default=None, help="KV pool size in GiB (default 2)")
+    c.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse the KV of full blocks of prompts seen before (default: on)",
+    )
 
     s = parser.add_argument_group("scheduler")
     s.add_argument("--scheduler", default="sarathi", help=f"one of: {', '.join(SCHEDULER_NAMES)}")
@@ -133,6 +139,7 @@ def _engine_config(args: argparse.Namespace, token_budget: int) -> EngineConfig:
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
         kv_cache_memory_gib=args.kv_cache_memory,
+        enable_prefix_caching=args.enable_prefix_caching,
         scheduler=args.scheduler,
         token_budget=token_budget,
         max_num_seqs=args.max_num_seqs,

@@ -40,9 +40,10 @@ def build(
     block_size: int = 16,
     watermark: float = 0.0,
     max_model_len: int = 1024,
+    enable_caching: bool = False,
     **config: object,
 ) -> Scheduler:
-    bm = BlockManager(num_blocks, block_size, watermark)
+    bm = BlockManager(num_blocks, block_size, watermark, enable_caching=enable_caching)
     return make_scheduler(SchedulerConfig(name=name, **config), bm, max_model_len)
 
 
@@ -69,6 +70,7 @@ class Pipeline:
     def schedule(self, now: float = 0.0) -> Batch:
         """One ``schedule`` call; a non-empty batch joins the in-flight ones."""
         batch = self.sched.schedule(now)
+        check_writes(self.sched, batch)
         if not batch.is_empty:
             self.in_flight.append(batch)
         return batch
@@ -114,21 +116,42 @@ def decode_ids(batch: Batch) -> set[str]:
     return {e.seq.seq_id for e in batch if not e.is_prefill}
 
 
+def check_writes(sched: Scheduler, batch: Batch) -> None:
+    """The blocks a batch writes KV into are held by their sequence alone and are not in the prefix cache."""
+    bm = sched.block_manager
+    for e in batch:
+        table = bm.block_table(e.seq.seq_id)
+        for i in range(e.start // bm.block_size, (e.end - 1) // bm.block_size + 1):
+            assert bm.ref_count(table[i]) == 1, "a shared block would be written"
+            assert bm.block_hash(table[i]) is None, "a cached block would be written"
+
+
 def check_blocks(sched: Scheduler) -> None:
-    """The block manager and the queues agree, and every block is either free or owned exactly once."""
+    """The block manager and the queues agree; every block is free or owned, and owned as many times as
+    its reference count says (more than once only when shared through the prefix cache)."""
     bm = sched.block_manager
     tables = {sid: bm.block_table(sid) for sid in bm.seq_ids}
     owned = [b for t in tables.values() for b in t]
     free = bm.free_block_ids
-    assert len(owned) == len(set(owned)), "a block is owned twice"
+    if not bm.enable_caching:
+        assert len(owned) == len(set(owned)), "a block is owned twice"
+    counts = collections.Counter(owned)
+    assert all(bm.ref_count(b) == counts[b] for b in range(bm.num_blocks)), "a wrong reference count"
     assert len(free) == len(set(free)), "a block is free twice"
     assert not set(owned) & set(free), "a block is both owned and free"
-    assert sorted(owned + free) == list(range(bm.num_blocks))
-    assert bm.num_used_blocks == len(owned) and bm.num_free_blocks == len(free)
+    assert sorted(set(owned) | set(free)) == list(range(bm.num_blocks))
+    assert bm.num_used_blocks == len(counts) and bm.num_free_blocks == len(free)
     assert set(tables) == {s.seq_id for s in sched.running}, "only running sequences own blocks"
     for seq in sched.running:
         assert bm.num_slots(seq.seq_id) >= seq.num_computed_tokens
         assert not seq.is_finished
+        # A cached block in a table names exactly the tokens the sequence has at that place.
+        table = tables[seq.seq_id]
+        for i in range(seq.num_computed_tokens // bm.block_size):
+            h = bm.block_hash(table[i])
+            assert h is None or h == seq.block_hashes[i], "a cached block's hash does not match its content"
+        for i in range(-(-seq.num_computed_tokens // bm.block_size), len(table)):
+            assert bm.block_hash(table[i]) is None, "a block not computed yet is in the cache"
     for seq in sched.waiting:
         assert seq.status in (SequenceStatus.WAITING, SequenceStatus.PREEMPTED)
         assert seq.num_computed_tokens == 0
@@ -238,8 +261,12 @@ class PolicyChecker:
                 assert entry.num_tokens == 1
         for seq in batch.preempted:
             assert seq.seq_id not in before.in_flight, "an in-flight sequence was preempted"
-            assert seq.num_computed_tokens == 0 and seq.seq_id not in ids
-            assert seq.status is SequenceStatus.PREEMPTED and seq in sched.waiting
+            if seq.seq_id in ids:
+                # Readmitted at once: only the prefix cache can make room it did not have before.
+                assert sched.block_manager.enable_caching and seq in sched.running
+            else:
+                assert seq.num_computed_tokens == 0
+                assert seq.status is SequenceStatus.PREEMPTED and seq in sched.waiting
             self.recompute_target[seq.seq_id] = seq.num_tokens
             assert seq.num_tokens == seq.num_prompt_tokens + seq.num_output_tokens
         for entry in batch:
@@ -253,12 +280,22 @@ class PolicyChecker:
                     del self.recompute_target[entry.seq.seq_id]
 
         prefills = [e for e in batch if e.is_prefill]
+        # Admitted now: they start right after the prefix the cache gave them (whole blocks, never all).
+        admitted = [e for e in batch if e.seq.seq_id not in running_before or e.seq in batch.preempted]
+        bm = sched.block_manager
+        if bm.enable_caching:
+            assert all(e.start % bm.block_size == 0 and e.start < e.seq.num_tokens for e in admitted)
+            assert batch.prefix_cache_hits == sum(e.start for e in admitted)
+            assert batch.prefix_cache_queries == sum(e.seq.num_tokens for e in admitted)
+        else:
+            assert all(e.start == 0 for e in admitted)
+            assert batch.prefix_cache_hits == batch.prefix_cache_queries == 0
         decodes = {e.seq.seq_id for e in batch if not e.is_prefill}
         left_out = [s for s in decoding_before if s not in decodes and s not in preempted]
         waits = {s for s in left_out if self._waits(s, before)}
         assert not waits or not nothing_in_flight
         all_decodes_in = all(s in decodes or s in preempted or s in waits for s in decoding_before)
-        whole = all(e.start == 0 and e.samples for e in prefills)
+        whole = all(e.samples and e in admitted for e in prefills)
         if cfg.name in ("sarathi", "simple_chunking"):
             assert batch.num_tokens <= cfg.token_budget
             if cfg.chunk_schedule is not None:

@@ -51,6 +51,7 @@ def setups(draw: st.DrawFn, name: str) -> dict:
         max_num_seqs=draw(st.integers(1, 8)),
         max_num_batched_tokens=draw(st.none() | st.integers(8, 2 * max_model_len)),
         chunk_schedule=draw(chunk_schedules()),
+        enable_caching=draw(st.booleans()),  # the fake prompts share prefixes: caching hits often
     )
 
 

@@ -32,6 +32,12 @@ def test_flags_map_to_the_engine_config():
     assert dyn.scheduler.chunk_schedule.chunk_sizes == [256, 144, 32]
 
 
+def test_prefix_caching_is_on_unless_turned_off():
+    assert _config().cache.enable_prefix_caching
+    assert not _config("--no-enable-prefix-caching").cache.enable_prefix_caching
+    assert _config("--enable-prefix-caching").cache.enable_prefix_caching
+
+
 def test_bad_flag_values_are_named():
     with pytest.raises(ValueError, match="unknown scheduler 'fifo'; choose one of: sarathi, vllm"):
         _config("--scheduler", "fifo")

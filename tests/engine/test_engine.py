@@ -234,7 +234,10 @@ def test_iteration_stats_account_for_every_token():
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)
     stats = list(llm.engine.stats)
-    assert sum(s.num_prefill_tokens for s in stats) == 50 + 9 + 70
+    # The prompts share their first tokens: what the prefix cache held was not computed again.
+    hits = sum(s.prefix_cache_hits for s in stats)
+    assert sum(s.num_prefill_tokens for s in stats) + hits == 50 + 9 + 70
+    assert sum(s.prefix_cache_queries for s in stats) == 50 + 9 + 70
     assert sum(s.num_decode_tokens for s in stats) == 3 * 4
     assert all(0 < s.num_tokens <= 32 and s.wall_time > 0 for s in stats)
     assert [s.iteration for s in stats] == list(range(len(stats)))
@@ -254,3 +257,18 @@ def test_bf16_weights_halve_kv_memory_and_still_answer(compute_dtype):
     assert worker.model.compute_dtype == getattr(torch, compute_dtype)
     out = bf16.chat(QUESTION, SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)[0]
     assert "Paris" in out.text
+
+
+def test_prefix_cache_reuses_a_repeated_prompt(llm):
+    """On by default: a prompt sent again starts with its full blocks computed, and answers the same."""
+    prompt = list(range(1000, 1040))  # 2 full blocks of 16 and a partial one
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    stats = llm.engine.stats
+    before = len(stats)
+    first = llm.generate([prompt], params, use_tqdm=False)[0]
+    again = llm.generate([prompt], params, use_tqdm=False)[0]
+    runs = list(stats)[before:]
+    assert again.token_ids == first.token_ids
+    assert sum(s.prefix_cache_queries for s in runs) == 80
+    assert sum(s.prefix_cache_hits for s in runs) == 32
+    assert llm.engine.block_manager.num_used_blocks == 0

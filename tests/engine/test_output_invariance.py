@@ -1,9 +1,10 @@
 """Greedy outputs must not depend on how requests are batched, chunked, preempted or scheduled.
 
 Runs the embedded SmolLM2-135M in fp32 on 32 prompts of 5 to 600 tokens. The reference is every prompt run
-alone; every other configuration must produce the same token ids. A difference is accepted only if it is a
-proven near-tie: at the first differing step, the two tokens are the reference model's top two and their
-logits differ by less than 1e-4; comparison of that prompt stops there.
+alone without prefix caching; every other configuration (prefix caching is on by default) must produce the
+same token ids. A second, smaller set of prompts sharing long prefixes checks caching on against off. A
+difference is accepted only if it is a proven near-tie: at the first differing step, the two tokens are the
+reference model's top two and their logits differ by less than 1e-4; comparison of that prompt stops there.
 """
 
 from __future__ import annotations
@@ -100,10 +101,15 @@ def hf_model(smollm2_path):
 
 
 @pytest.fixture(scope="module")
-def reference(prompts) -> list[list[int]]:
-    """Each prompt run alone: no batching, one request in the engine at a time."""
-    llm = LLM(scheduler="sarathi", num_kv_blocks=256)
-    return [llm.generate([p], PARAMS, use_tqdm=False)[0].token_ids for p in prompts]
+def plain_llm() -> LLM:
+    """No prefix cache: computes the references."""
+    return LLM(scheduler="sarathi", num_kv_blocks=256, enable_prefix_caching=False)
+
+
+@pytest.fixture(scope="module")
+def reference(prompts, plain_llm) -> list[list[int]]:
+    """Each prompt run alone: no batching, no prefix cache, one request in the engine at a time."""
+    return [plain_llm.generate([p], PARAMS, use_tqdm=False)[0].token_ids for p in prompts]
 
 
 def _check_same(prompts, expected, got, hf_model, label: str) -> None:
@@ -168,6 +174,62 @@ def test_aborts_in_flight_spare_the_others(parallel, prompts, reference, hf_mode
     kept = [i for i in range(len(prompts)) if f"r{i}" not in aborted]
     got = [finished[f"r{i}"] for i in kept]
     _check_same([prompts[i] for i in kept], [reference[i] for i in kept], got, hf_model, str(parallel))
+
+
+SHARED_PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+# Every scheduler, sarathi at budgets 16 and 256, and caches small enough to preempt and evict (a prompt
+# needs up to 17 of the 18 blocks; together they need ~40 even with their prefixes shared).
+SHARED_CONFIGS = {
+    "sarathi-budget16-preempt": dict(scheduler="sarathi", token_budget=16, num_kv_blocks=18),
+    "sarathi-budget256": dict(scheduler="sarathi", token_budget=256),
+    "vllm-preempt": dict(scheduler="vllm", num_kv_blocks=18),
+    "orca": dict(scheduler="orca"),
+    "faster_transformer": dict(scheduler="faster_transformer", max_num_seqs=4),
+    "simple_chunking": dict(scheduler="simple_chunking", token_budget=16),
+}
+
+
+@pytest.fixture(scope="module")
+def shared_prompts(smollm2_tokenizer) -> list[list[int]]:
+    """A system prompt of 160 tokens (10 blocks) shared by all, a 64-token few-shot part shared by half,
+    then distinct questions; one prompt is the bare system prompt (a fully cached prompt must still
+    compute its last token) and one is repeated."""
+    tokens = smollm2_tokenizer.encode(_corpus())
+    system, few_shot = tokens[:160], tokens[1000:1064]
+    rng = np.random.default_rng(1)
+    out = [list(system)]
+    for i in range(7):
+        n = int(rng.integers(3, 40))
+        start = int(rng.integers(1200, len(tokens) - n))
+        out.append(system + (few_shot if i % 2 else []) + tokens[start : start + n])
+    out.append(list(out[3]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def shared_reference(shared_prompts, plain_llm) -> list[list[int]]:
+    return [plain_llm.generate([p], SHARED_PARAMS, use_tqdm=False)[0].token_ids for p in shared_prompts]
+
+
+@pytest.mark.parametrize("name", list(SHARED_CONFIGS))
+def test_prefix_cache_keeps_outputs(name, shared_prompts, shared_reference, hf_model):
+    """Shared prefixes are reused (from a first request, from each other, and on readmission after
+    preemption) and the greedy tokens equal those computed without a cache."""
+    config = SHARED_CONFIGS[name]
+    with LLM(**config) as llm:
+        first = llm.generate(shared_prompts[:1], SHARED_PARAMS, use_tqdm=False)
+        outs = llm.generate(shared_prompts[1:], SHARED_PARAMS, use_tqdm=False)
+        stats = list(llm.engine.stats)
+        bm = llm.engine.block_manager
+        used_blocks, evictions = bm.num_used_blocks, bm.num_evictions
+    got = [o.token_ids for o in first + outs]
+    _check_same(shared_prompts, shared_reference, got, hf_model, f"prefix-cache-{name}")
+    hits = sum(s.prefix_cache_hits for s in stats)
+    assert hits >= 160 * (len(shared_prompts) - 1), "every later prompt should reuse the system prompt"
+    assert hits < sum(s.prefix_cache_queries for s in stats)
+    if name.endswith("preempt"):
+        assert sum(s.num_preempted for s in stats) > 0 and evictions > 0
+    assert used_blocks == 0
 
 
 def test_reference_equals_hf_generate(prompts, reference, hf_model):

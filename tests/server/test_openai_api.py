@@ -222,3 +222,17 @@ def test_32_concurrent_streams_complete_in_order(server, model_name):
     results = asyncio.run(main())
     for i, (texts, finish, usage) in enumerate(results):
         assert finish == "length" and usage == 16 + i % 5 == len(texts)
+
+
+def test_metrics_count_prefix_cache_hits(openai_client, model_name, server):
+    """The same prompt twice: the second finds its full blocks in the cache, counted in tokens."""
+    before = server.metrics()
+    prompt = "The prefix cache test: " + " ".join(f"word{i}" for i in range(30))
+    for _ in range(2):
+        openai_client.completions.create(model=model_name, prompt=prompt, max_tokens=1, temperature=0.0)
+    after = server.metrics()
+    queries = after["sarathi_prefix_cache_queries_total"] - before.get(
+        "sarathi_prefix_cache_queries_total", 0
+    )
+    hits = after["sarathi_prefix_cache_hits_total"] - before.get("sarathi_prefix_cache_hits_total", 0)
+    assert queries > 32 and hits >= 16 and hits % 16 == 0 and hits < queries

@@ -19,6 +19,7 @@ from typing import ClassVar, Protocol
 
 from sarathi.config import SchedulerConfig
 from sarathi.core.batch import Batch
+from sarathi.core.block_hash import BlockHash, update_block_hashes
 from sarathi.core.block_manager import BlockManager
 from sarathi.core.sequence import Sequence, SequenceStatus
 
@@ -35,6 +36,11 @@ class Scheduler(ABC):
     ``waiting`` is first-come-first-served, with preempted sequences at its front (in arrival order);
     ``running`` holds the sequences that own KV blocks, in arrival order. Preemption is by recompute and
     always picks the latest-arrived running sequence that is not in flight.
+
+    With the block manager's prefix cache enabled, a sequence being admitted (new, or readmitted after
+    preemption) starts with its longest cached prefix of full blocks already computed, never including
+    its last token (the model must run on it to produce logits); full blocks are offered to the cache as
+    soon as their KV is computed.
 
     A non-empty batch is in flight from ``schedule`` until its ``finish_step``, and any number of batches
     may be in flight at once (one per pipeline stage). An empty batch is never in flight and needs no
@@ -175,6 +181,9 @@ class Scheduler(ABC):
                     f"but has {seq.num_computed_tokens} computed"
                 )
             seq.num_computed_tokens += entry.num_tokens
+            if self.block_manager.enable_caching:
+                hashes = update_block_hashes(seq, self.block_manager.block_size)
+                self.block_manager.cache_full_blocks(seq.seq_id, hashes, seq.num_computed_tokens)
             if entry.samples:
                 try:
                     token_id = new_token_ids[seq.seq_id]
@@ -218,13 +227,34 @@ class Scheduler(ABC):
         self.block_manager.free(seq.seq_id)
         self._arrival_rank.pop(seq.seq_id, None)
 
-    def _can_admit(self, reserve_tokens: int) -> bool:
-        return len(self.running) < self.max_running and self.block_manager.can_allocate(reserve_tokens)
+    def _reusable_hashes(self, seq: Sequence) -> list[BlockHash]:
+        """Hashes of the full blocks ``seq`` may take from the prefix cache: not the block of its last
+        token, which must be computed to have logits to sample from."""
+        bm = self.block_manager
+        if not bm.enable_caching:
+            return []
+        return update_block_hashes(seq, bm.block_size)[: (seq.num_tokens - 1) // bm.block_size]
 
-    def _admit_head(self, reserve_tokens: int) -> Sequence:
-        """Move the head of the waiting queue to running with KV room for ``reserve_tokens`` tokens."""
+    def _num_cached_tokens(self, seq: Sequence) -> int:
+        """Tokens of a waiting ``seq`` that admitting it now would find in the prefix cache."""
+        bm = self.block_manager
+        return len(bm.cached_prefix(self._reusable_hashes(seq))) * bm.block_size
+
+    def _can_admit(self, seq: Sequence, reserve_tokens: int) -> bool:
+        return len(self.running) < self.max_running and self.block_manager.can_allocate(
+            reserve_tokens, self._reusable_hashes(seq)
+        )
+
+    def _admit_head(self, reserve_tokens: int, batch: Batch) -> Sequence:
+        """Move the head of the waiting queue to running with KV room for ``reserve_tokens`` tokens;
+        its cached prefix counts as computed."""
         seq = self.waiting.popleft()
-        self.block_manager.allocate(seq.seq_id, reserve_tokens)
+        bm = self.block_manager
+        num_hits = bm.allocate(seq.seq_id, reserve_tokens, self._reusable_hashes(seq))
+        seq.num_computed_tokens = num_hits * bm.block_size
+        if bm.enable_caching:
+            batch.prefix_cache_queries += seq.num_tokens
+            batch.prefix_cache_hits += seq.num_computed_tokens
         bisect.insort(self.running, seq, key=self._arrival_key)
         return seq
 
@@ -283,22 +313,24 @@ class Scheduler(ABC):
         while self.waiting:
             seq = self.waiting[0]
             reserve = seq.max_num_tokens if reserve_max_len else seq.num_tokens
-            fits_batch = batch.num_tokens + seq.num_tokens <= self.max_num_batched_tokens
-            if not (fits_batch and self._can_admit(reserve)):
+            to_compute = seq.num_tokens - self._num_cached_tokens(seq)
+            fits_batch = batch.num_tokens + to_compute <= self.max_num_batched_tokens
+            if not (fits_batch and self._can_admit(seq, reserve)):
                 return
-            self._admit_head(reserve)
-            batch.add(seq, seq.num_tokens)
+            self._admit_head(reserve, batch)
+            batch.add(seq, seq.num_uncomputed_tokens)
 
-    def _chunk_size(self, seq: Sequence, batch: Batch) -> int:
-        """Tokens of ``seq``'s prefill that fit in ``batch`` (0 if none).
+    def _chunk_size(self, seq: Sequence, batch: Batch, start: int | None = None) -> int:
+        """Tokens of ``seq``'s prefill from ``start`` (default: its computed count) that fit in ``batch``.
 
         The budget is ``token_budget`` (or the budget controller's for this iteration), lowered to the
         chunk schedule's size for the prompt's progress.
         """
+        start = seq.num_computed_tokens if start is None else start
         budget = self.iteration_budget
         if self.config.chunk_schedule is not None:
-            budget = min(budget, self.config.chunk_schedule.chunk_size(seq.num_computed_tokens))
-        return max(0, min(seq.num_uncomputed_tokens, budget - batch.num_tokens))
+            budget = min(budget, self.config.chunk_schedule.chunk_size(start))
+        return max(0, min(seq.num_tokens - start, budget - batch.num_tokens))
 
     def _schedule_prefill_chunks(self, batch: Batch) -> None:
         """Add the next chunk of each running partial prefill not in flight, then admit requests FCFS.
@@ -311,8 +343,8 @@ class Scheduler(ABC):
                 batch.add(seq, n)
         while self.waiting:
             seq = self.waiting[0]
-            n = self._chunk_size(seq, batch)
-            if n == 0 or not self._can_admit(seq.num_tokens):
+            n = self._chunk_size(seq, batch, start=self._num_cached_tokens(seq))
+            if n == 0 or not self._can_admit(seq, seq.num_tokens):
                 return
-            self._admit_head(seq.num_tokens)
+            self._admit_head(seq.num_tokens, batch)
             batch.add(seq, n)

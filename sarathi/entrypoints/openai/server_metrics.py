@@ -40,6 +40,14 @@ class ServerMetrics:
             "sarathi_num_requests_in_flight", "Requests the API server is serving", registry=r
         )
         self.preemptions = Counter("sarathi_preemptions", "Preemptions (recompute)", registry=r)
+        self.prefix_cache_queries = Counter(
+            "sarathi_prefix_cache_queries",
+            "Tokens of admitted requests looked up in the prefix cache",
+            registry=r,
+        )
+        self.prefix_cache_hits = Counter(
+            "sarathi_prefix_cache_hits", "Tokens of admitted requests found in the prefix cache", registry=r
+        )
         self.iteration_time = Histogram(
             "sarathi_iteration_time_seconds",
             "Wall time of one engine iteration",
@@ -111,6 +119,8 @@ class ServerMetrics:
             if it.num_preempted:
                 self.preemptions.inc(it.num_preempted)
             self.vllm.observe_iteration(it)
+            self.prefix_cache_queries.inc(it.prefix_cache_queries)
+            self.prefix_cache_hits.inc(it.prefix_cache_hits)
         for delta in out.outputs:
             self.generation_tokens.inc(len(delta.new_token_ids))
             self.vllm.observe_delta(delta)
