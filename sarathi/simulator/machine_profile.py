@@ -111,7 +111,7 @@ def measure_engine_overhead(engine, num_requests: int = OVERHEAD_REQUESTS) -> fl
 
 def profile_machine(config: EngineConfig, repeats: int = 2, progress: bool = True) -> MeasuredLatencyModel:
     """Profile ``config``'s engine on this machine and return its fitted latency model."""
-    from sarathi.benchmark.profiler import grid_points, profile_grid
+    from sarathi.benchmark.profiler import check_point, grid_points, profile_grid
     from sarathi.engine.llm_engine import LLMEngine
 
     started = time.monotonic()
@@ -120,7 +120,9 @@ def profile_machine(config: EngineConfig, repeats: int = 2, progress: bool = Tru
     engine = LLMEngine(dataclasses.replace(config, scheduler=sched))
     try:
         fits = [p for p in CONTEXT_LENS if p + max(PREFILL_TOKENS) <= engine.max_model_len] or [128]
-        points = grid_points(PREFILL_TOKENS, DECODE_BATCH_SIZES, fits)
+        points = [
+            p for p in grid_points(PREFILL_TOKENS, DECODE_BATCH_SIZES, fits) if _fits(check_point, engine, p)
+        ]
         results = profile_grid(engine, points, repeats=repeats, progress=progress)
         overhead = measure_engine_overhead(engine)
     finally:
@@ -137,6 +139,15 @@ def profile_machine(config: EngineConfig, repeats: int = 2, progress: bool = Tru
         "profile_seconds": round(time.monotonic() - started, 1),
     }
     return model
+
+
+def _fits(check_point, engine, point) -> bool:
+    """Whether the engine's KV pool and context hold ``point`` (shapes it cannot hold never occur)."""
+    try:
+        check_point(engine, point)
+    except ValueError:
+        return False
+    return True
 
 
 def machine_latency_model(config: EngineConfig, progress: bool = True) -> MeasuredLatencyModel:
