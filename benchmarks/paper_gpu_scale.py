@@ -8,6 +8,8 @@ Sections (all by default; ``--sections`` picks some):
   2 A100 (TP2), Llama-2-70B on 8 A40 (TP4 x PP2) and Falcon-180B on two nodes of 4 A100 (TP4 x PP2).
 - ``ablation`` (Table 4): Yi-34B TP2 at one load: hybrid batching only (sarathi, budget = context),
   chunked prefills only (simple_chunking, 512) and both (sarathi, 512): P50 TTFT and P99 TBT.
+- ``tradeoff`` (Fig. 12): Mistral-7B on one A100, sharegpt: capacity as the P99 TBT SLO goes from 50 ms to
+  1 s, for sarathi at budgets 512 and 2048 and vllm at 32, 64 and 128 running requests.
 - ``pp_vs_tp`` (Fig. 13): Falcon-180B on two 4-GPU nodes, TP8 across the nodes vs TP4 x PP2, sarathi and
   vllm at one load: median and P99 TBT, pipeline bubbles, and relaxed-SLO capacity.
 
@@ -167,6 +169,44 @@ def ablation_section(args) -> list[dict]:
     return rows
 
 
+def tradeoff_section(args, settings) -> list[dict]:
+    dep = DEPLOYMENTS[0]
+    w = workload("sharegpt", dep, args.num_requests)
+    configs = [
+        ("sarathi", 512, 128),
+        ("sarathi", 2048, 128),
+        ("vllm", 512, 32),
+        ("vllm", 512, 64),
+        ("vllm", 512, 128),
+    ]
+    rows = []
+    for name, budget, seqs in configs:
+        config = engine_config(scheduler=name, token_budget=budget, max_num_seqs=seqs)
+        sim = gpu_simulation(config, dep.model, dep.hardware)
+        probes: dict = {}  # shared by every SLO of this config
+        label = f"{name} budget {budget}" if name == "sarathi" else f"{name} max {seqs} running"
+        caps = []
+        for slo_s in (0.05, 0.1, 0.2, 0.5, 1.0):
+            cap = capacity(sim, w, Slo(f"{slo_s:g}", slo_s), probes, settings)
+            caps.append(cap)
+            rows.append(
+                {
+                    "section": "tradeoff",
+                    "deployment": dep.label,
+                    "config": label,
+                    "tbt_slo_s": slo_s,
+                    "capacity_qps": cap,
+                }
+            )
+        print(
+            f"{dep.label} sharegpt {label:<26}"
+            + "  ".join(f"{c:.3g}" for c in caps)
+            + "  QPS at P99 TBT 0.05/0.1/0.2/0.5/1 s",
+            flush=True,
+        )
+    return rows
+
+
 def pp_vs_tp_section(args, settings) -> list[dict]:
     dep = DEPLOYMENTS[3]
     rows = []
@@ -202,7 +242,7 @@ def _ratio(x) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sections", default="capacity,ablation,pp_vs_tp")
+    p.add_argument("--sections", default="capacity,ablation,tradeoff,pp_vs_tp")
     p.add_argument("--traces", default="sharegpt,arxiv")
     p.add_argument("--num-requests", type=int, default=256, help="requests per simulated probe")
     p.add_argument("--max-probes", type=int, default=9)
@@ -220,6 +260,8 @@ def main() -> int:
         rows += capacity_section(args, settings)
     if "ablation" in sections:
         rows += ablation_section(args)
+    if "tradeoff" in sections:
+        rows += tradeoff_section(args, settings)
     if "pp_vs_tp" in sections:
         rows += pp_vs_tp_section(args, settings)
     print(f"{time.monotonic() - started:.0f} s")
