@@ -88,6 +88,13 @@ class _SamplingRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     min_p: float | None = None
     user: str | None = None
+    # Structured outputs: read by structured_requests.structured_output_of.
+    response_format: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
 
     def check_supported(self) -> None:
         """Raise APIError for options this server does not implement (default values pass)."""
@@ -209,7 +216,6 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
 
     def check_supported(self) -> None:

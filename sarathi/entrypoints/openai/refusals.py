@@ -44,16 +44,11 @@ def _never(_: Any) -> bool:
     return False
 
 
-def _text_format(v: Any) -> bool:
-    return isinstance(v, dict) and v.get("type", "text") == "text"
-
-
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-_STRUCTURED = "structured outputs (guided decoding) are not supported"
 _TOOLS = "tool calling is not supported"
 _TEMPLATE = "only the model's own chat template is supported"
 
@@ -72,12 +67,6 @@ SAMPLING = (
     Refusal("spaces_between_special_tokens", "not configurable here", _is(True)),
     Refusal("return_tokens_as_token_ids", "not supported", _is(False)),
     Refusal("priority", "request priorities are not supported (only 0)", _is(0)),
-    Refusal("guided_json", _STRUCTURED, _never),
-    Refusal("guided_regex", _STRUCTURED, _never),
-    Refusal("guided_choice", _STRUCTURED, _never),
-    Refusal("guided_grammar", _STRUCTURED, _never),
-    Refusal("structured_outputs", _STRUCTURED, _never),
-    Refusal("response_format", "only {'type': 'text'} is supported; " + _STRUCTURED, _text_format),
 )
 
 COMPLETIONS = (

@@ -4,6 +4,7 @@ encoding and the engine's SamplingParams. Every failure is an APIError naming th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -20,6 +21,7 @@ from sarathi.entrypoints.openai.protocol import (
 )
 from sarathi.entrypoints.openai.refusals import Refusal, check_refusals
 from sarathi.entrypoints.openai.server_state import ServerState
+from sarathi.entrypoints.openai.structured_requests import structured_output_of
 from sarathi.sampling_params import SamplingParams
 
 
@@ -140,4 +142,8 @@ def sampling_params_for(
         )
     if bad := [t for t, _ in params.logit_bias if t >= vocab]:
         raise APIError(f"logit_bias: token ids must be in [0, {vocab}), got {bad[:5]}", param="logit_bias")
+    if (constraint := structured_output_of(req)) is not None:
+        if state.tokenizer is None:
+            raise APIError("this model has no tokenizer; structured outputs need one", code="unsupported")
+        params = dataclasses.replace(params, structured_output=constraint)
     return params
