@@ -28,6 +28,7 @@ class GrammarMasks:
         self._matchers: dict[str, object] = {}
         self._errors: dict[str, str] = {}
         self._shifts = torch.arange(32, dtype=torch.int32)
+        self._minus_inf = torch.tensor(float("-inf"))
 
     def __len__(self) -> int:
         return len(self._matchers) + len(self._errors)
@@ -69,11 +70,15 @@ class GrammarMasks:
             matcher.unsafe_compute_mask_ptr(bitmask[k].data_ptr(), row_bytes)
             if matcher.is_error():
                 failed[i] = f"structured output: {matcher.get_error()}"
-        allowed = ((bitmask.unsqueeze(-1) >> self._shifts) & 1).view(len(rows), -1)[:, : logits.shape[1]]
-        logits = logits.float().clone()  # the model's output may be an inference-mode tensor
+        bits = (bitmask.unsqueeze(-1) >> self._shifts) & 1
+        allowed = bits.view(len(rows), -1)[:, : logits.shape[1]].bool()
+        logits = logits.float()
+        if len(rows) == logits.shape[0]:
+            return torch.where(allowed, logits, self._minus_inf), failed
         index = torch.tensor(rows)
-        logits[index] = logits[index].masked_fill(allowed == 0, float("-inf"))
-        return logits, failed
+        masked = logits.clone()  # the model's output may be an inference-mode tensor: never in place
+        masked[index] = torch.where(allowed, logits[index], self._minus_inf)
+        return masked, failed
 
     def advance(self, request_ids: list[str], sampled: list[SampledToken]) -> None:
         """Each constrained row's matcher consumes the token sampled for it."""
