@@ -31,8 +31,6 @@ BOTH = {
 COMPLETIONS = {**BOTH, "echo": True, "suffix": " the end", "add_special_tokens": False}
 CHAT = {
     **BOTH,
-    "tools": [TOOL],
-    "tool_choice": "auto",
     "functions": [TOOL["function"]],
     "function_call": "auto",
     "chat_template": "{{ messages }}",

@@ -49,7 +49,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-_TOOLS = "tool calling is not supported"
+_TOOLS = "the legacy function calling fields are not supported"
 _TEMPLATE = "only the model's own chat template is supported"
 
 SAMPLING = (
@@ -76,11 +76,14 @@ COMPLETIONS = (
     Refusal("add_special_tokens", "the tokenizer's special tokens are always added", _is(True)),
 )
 
+_TOOL_RENDERING = (
+    Refusal("tools", "/tokenize does not render tools", _is([])),
+    Refusal("tool_choice", "/tokenize does not render tools (only 'none')", _is("none")),
+)
+
 _CHAT_TEMPLATE = (
-    Refusal("tools", _TOOLS, _is([])),
-    Refusal("tool_choice", _TOOLS + " (only 'none')", _is("none")),
-    Refusal("functions", _TOOLS, _is([])),
-    Refusal("function_call", _TOOLS + " (only 'none')", _is("none")),
+    Refusal("functions", _TOOLS + "; use tools", _is([])),
+    Refusal("function_call", _TOOLS + "; use tool_choice (only 'none')", _is("none")),
     Refusal("chat_template", _TEMPLATE, _never),
     Refusal("chat_template_kwargs", _TEMPLATE + " with its defaults", _is({})),
     Refusal("continue_final_message", "continuing the final message is not supported", _is(False)),
@@ -97,7 +100,7 @@ CHAT = (
     Refusal("prediction", "predicted outputs are not supported", _never),
 )
 
-TOKENIZE = _CHAT_TEMPLATE
+TOKENIZE = (*_TOOL_RENDERING, *_CHAT_TEMPLATE)
 
 
 def check_refusals(body: dict, refusals: tuple[Refusal, ...]) -> None:
