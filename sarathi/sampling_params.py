@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from sarathi.structured_output import StructuredOutput
+
 GREEDY_TEMPERATURE = 1e-5
 MAX_LOGIT_BIAS = 100.0  # OpenAI's bound on one logit_bias value
 
@@ -26,6 +28,10 @@ class SamplingParams:
     and ``presence_penalty`` (in [-2, 2]; subtracted per occurrence / once for each token of the output).
     ``min_p`` (in [0, 1]) then drops tokens whose probability after temperature is below ``min_p`` times
     the most likely token's.
+
+    ``structured_output`` constrains the output to a JSON schema, regex, choice or grammar: tokens that
+    cannot continue a match are masked out before all of the above, and once the match is complete only
+    EOS remains (see ``sarathi/structured_output.py``).
     """
 
     max_tokens: int = 16
@@ -44,6 +50,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_p: float = 0.0
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "logit_bias", _logit_bias_pairs(self.logit_bias))
@@ -81,6 +88,8 @@ class SamplingParams:
             or not 0 <= self.logprobs <= 20
         ):
             raise ValueError(f"logprobs must be an integer in [0, 20] or None, got {self.logprobs!r}")
+        if self.structured_output is not None and not isinstance(self.structured_output, StructuredOutput):
+            raise ValueError(f"structured_output must be a StructuredOutput, got {self.structured_output!r}")
         if any(t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative, got {self.stop_token_ids!r}")
 

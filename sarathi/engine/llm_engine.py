@@ -26,6 +26,7 @@ from sarathi.model.kv_cache import kv_cache_bytes_per_block
 from sarathi.model.resolve import resolve_model
 from sarathi.outputs import IterationStats, RequestOutput
 from sarathi.sampling_params import SamplingParams
+from sarathi.structured_output import validate as validate_structured_output
 from sarathi.tokenizer import Tokenizer
 
 _MAX_KEPT_STATS = 100_000
@@ -169,6 +170,10 @@ class LLMEngine:
         vocab = self.arch.vocab_size
         if bad := [t for t in params.stop_token_ids if t >= vocab]:
             raise ValueError(f"stop_token_ids must be token ids in [0, {vocab}), got {bad[:5]}")
+        if params.structured_output is not None:
+            if self.tokenizer_dir is None:
+                raise ValueError("structured_output: needs a tokenizer; this model has none")
+            validate_structured_output(params.structured_output)
         seq = Sequence(
             seq_id=request_id,
             prompt_token_ids=token_ids,

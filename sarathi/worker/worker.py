@@ -11,9 +11,10 @@ import time
 import torch
 
 from sarathi.config import EngineConfig
-from sarathi.executor.messages import StageTiming, StepInput, StepOutput
+from sarathi.executor.messages import SampledToken, StageTiming, StepInput, StepOutput
 from sarathi.model import allocate_kv_cache, load_model
 from sarathi.model.parallel import WHOLE_MODEL, ParallelContext, ShardSpec, TensorParallelGroup
+from sarathi.worker.grammar_masks import GrammarMasks
 from sarathi.worker.model_runner import ModelRunner, RequestState
 from sarathi.worker.sampler import Sampler
 
@@ -36,7 +37,7 @@ class Worker:
         self.shard = shard
         self.context = context or ParallelContext(shard, TensorParallelGroup())
         self.dtype = TORCH_DTYPES[mc.dtype]
-        self.model, self.arch, _ = load_model(
+        self.model, self.arch, tokenizer_dir = load_model(
             mc.model,
             load_format=mc.load_format,
             dtype=self.dtype,
@@ -50,6 +51,9 @@ class Worker:
         self.kv_caches = allocate_kv_cache(self.arch, num_kv_blocks, block_size, self.dtype, device, shard)
         self.runner = ModelRunner(self.model, self.kv_caches, block_size, device)
         self.sampler = Sampler(mc.seed, eos_token_ids) if shard.is_last_stage else None
+        self.grammars = (
+            GrammarMasks(tokenizer_dir, self.arch.vocab_size, eos_token_ids) if shard.is_last_stage else None
+        )
         self.requests: dict[str, RequestState] = {}
 
     def execute(self, step: StepInput) -> tuple[StepOutput | None, StageTiming]:
@@ -71,13 +75,20 @@ class Worker:
         states = [self.requests[s.request_id] for s in sampling]
         params = [r.sampling_params for r in states]
         history = [r.token_ids for r in states] if any(p.penalized for p in params) else None
+        request_ids = [s.request_id for s in sampling]
+        out, failed = self.grammars.apply(out, request_ids)
         sampled = self.sampler.sample(out, params, [r.num_output_tokens for r in states], history)
+        for i, error in failed.items():
+            sampled[i] = SampledToken(None, error=error)
+        self.grammars.advance(request_ids, sampled)
         timing = StageTiming(step.step_id, self.shard.pp_rank, start, time.monotonic())
         return StepOutput(step.step_id, sampled, [timing]), timing
 
     def _update_requests(self, step: StepInput) -> None:
         for request_id in step.freed_request_ids:
             self.requests.pop(request_id, None)
+            if self.grammars is not None:
+                self.grammars.remove(request_id)
         for r in step.new_requests:
             self.requests[r.request_id] = RequestState(
                 r.prompt_token_ids + r.output_token_ids,
@@ -85,6 +96,8 @@ class Worker:
                 r.sampling_params,
                 r.block_ids,
             )
+            if self.grammars is not None and r.sampling_params.structured_output is not None:
+                self.grammars.add(r.request_id, r.sampling_params.structured_output, r.output_token_ids)
         for s in step.scheduled:
             state = self.requests[s.request_id]
             state.token_ids.extend(s.new_token_ids)

@@ -30,9 +30,16 @@ from sarathi.entrypoints.openai.request_checks import (
     parse_request,
     sampling_params_for,
 )
-from sarathi.entrypoints.openai.response_formats import ChatFormat, ChoiceResult, CompletionFormat, usage
+from sarathi.entrypoints.openai.response_formats import (
+    ChatFormat,
+    ChoiceResult,
+    CompletionFormat,
+    ToolChatFormat,
+    usage,
+)
 from sarathi.entrypoints.openai.server_state import ServerState
 from sarathi.entrypoints.openai.tokenize_api import add_tokenize_routes
+from sarathi.entrypoints.openai.tool_calls import plan_tools
 from sarathi.outputs import RequestOutput, TokenLogprob
 from sarathi.sampling_params import SamplingParams
 
@@ -121,9 +128,13 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
     async def chat_completions(raw: Request) -> Response:
         req = await parse_request(state, raw, ChatCompletionRequest, refusals.CHAT)
         check_model(state, req.model)
-        prompt_ids = await encode_chat(state, req.messages, req.add_generation_prompt)
-        params = sampling_params_for(state, req, len(prompt_ids), req.requested_max_tokens, "messages")
-        fmt = ChatFormat(state.model_name, state.tokenizer)
+        tools = plan_tools(req.tools, req.tool_choice, state.tool_call_parser, state.enable_auto_tool_choice)
+        prompt_ids = await encode_chat(state, req.messages, req.add_generation_prompt, tools=tools)
+        params = sampling_params_for(state, req, len(prompt_ids), req.requested_max_tokens, "messages", tools)
+        if tools is None:
+            fmt = ChatFormat(state.model_name, state.tokenizer)
+        else:
+            fmt = ToolChatFormat(state.model_name, state.tokenizer, tools)
         return await _respond(state, raw, req, fmt, [(prompt_ids, params)])
 
     return app

@@ -88,6 +88,13 @@ class _SamplingRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     min_p: float | None = None
     user: str | None = None
+    # Structured outputs: read by structured_requests.structured_output_of.
+    response_format: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
 
     def check_supported(self) -> None:
         """Raise APIError for options this server does not implement (default values pass)."""
@@ -175,6 +182,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[Any] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message's answer to one of them
 
     def text(self) -> str:
         if self.content is None:
@@ -190,13 +199,21 @@ class ChatMessage(BaseModel):
 
 
 def conversation(messages: list[ChatMessage]) -> list[dict]:
-    """Messages as plain dicts for the chat template; a non-text part is an APIError naming it."""
+    """Messages as plain dicts for the chat template; a non-text part is an APIError naming it. An
+    assistant's earlier tool calls and tool answers are written in the Hermes style."""
+    from sarathi.entrypoints.openai.tool_calls import render_assistant_calls  # it imports APIError
+
     out = []
     for i, m in enumerate(messages):
         try:
-            out.append({"role": m.role, "content": m.text()})
+            text = m.text()
         except ValueError as e:
             raise APIError(f"messages.{i}.content: {e}", param=f"messages.{i}.content") from e
+        if m.role == "assistant" and m.tool_calls:
+            text = "\n".join(t for t in (text, render_assistant_calls(m.tool_calls)) if t)
+        elif m.role == "tool":
+            text = f"<tool_response>\n{text}\n</tool_response>"
+        out.append({"role": m.role, "content": text})
     return out
 
 
@@ -208,8 +225,8 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    tools: Any = None
+    tool_choice: Any = None
     add_generation_prompt: bool = True
 
     def check_supported(self) -> None:

@@ -44,17 +44,12 @@ def _never(_: Any) -> bool:
     return False
 
 
-def _text_format(v: Any) -> bool:
-    return isinstance(v, dict) and v.get("type", "text") == "text"
-
-
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-_STRUCTURED = "structured outputs (guided decoding) are not supported"
-_TOOLS = "tool calling is not supported"
+_TOOLS = "the legacy function calling fields are not supported"
 _TEMPLATE = "only the model's own chat template is supported"
 
 SAMPLING = (
@@ -72,12 +67,6 @@ SAMPLING = (
     Refusal("spaces_between_special_tokens", "not configurable here", _is(True)),
     Refusal("return_tokens_as_token_ids", "not supported", _is(False)),
     Refusal("priority", "request priorities are not supported (only 0)", _is(0)),
-    Refusal("guided_json", _STRUCTURED, _never),
-    Refusal("guided_regex", _STRUCTURED, _never),
-    Refusal("guided_choice", _STRUCTURED, _never),
-    Refusal("guided_grammar", _STRUCTURED, _never),
-    Refusal("structured_outputs", _STRUCTURED, _never),
-    Refusal("response_format", "only {'type': 'text'} is supported; " + _STRUCTURED, _text_format),
 )
 
 COMPLETIONS = (
@@ -87,11 +76,14 @@ COMPLETIONS = (
     Refusal("add_special_tokens", "the tokenizer's special tokens are always added", _is(True)),
 )
 
+_TOOL_RENDERING = (
+    Refusal("tools", "/tokenize does not render tools", _is([])),
+    Refusal("tool_choice", "/tokenize does not render tools (only 'none')", _is("none")),
+)
+
 _CHAT_TEMPLATE = (
-    Refusal("tools", _TOOLS, _is([])),
-    Refusal("tool_choice", _TOOLS + " (only 'none')", _is("none")),
-    Refusal("functions", _TOOLS, _is([])),
-    Refusal("function_call", _TOOLS + " (only 'none')", _is("none")),
+    Refusal("functions", _TOOLS + "; use tools", _is([])),
+    Refusal("function_call", _TOOLS + "; use tool_choice (only 'none')", _is("none")),
     Refusal("chat_template", _TEMPLATE, _never),
     Refusal("chat_template_kwargs", _TEMPLATE + " with its defaults", _is({})),
     Refusal("continue_final_message", "continuing the final message is not supported", _is(False)),
@@ -108,7 +100,7 @@ CHAT = (
     Refusal("prediction", "predicted outputs are not supported", _never),
 )
 
-TOKENIZE = _CHAT_TEMPLATE
+TOKENIZE = (*_TOOL_RENDERING, *_CHAT_TEMPLATE)
 
 
 def check_refusals(body: dict, refusals: tuple[Refusal, ...]) -> None:

@@ -4,6 +4,7 @@ encoding and the engine's SamplingParams. Every failure is an APIError naming th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -20,6 +21,8 @@ from sarathi.entrypoints.openai.protocol import (
 )
 from sarathi.entrypoints.openai.refusals import Refusal, check_refusals
 from sarathi.entrypoints.openai.server_state import ServerState
+from sarathi.entrypoints.openai.structured_requests import structured_output_of
+from sarathi.entrypoints.openai.tool_calls import ToolPlan, with_tool_prompt
 from sarathi.sampling_params import SamplingParams
 
 
@@ -89,11 +92,15 @@ async def encode_chat(
     messages: list[ChatMessage],
     add_generation_prompt: bool = True,
     add_special_tokens: bool = False,
+    tools: ToolPlan | None = None,
 ) -> list[int]:
-    """Token ids of ``messages`` rendered with the model's chat template."""
+    """Token ids of ``messages`` rendered with the model's chat template (the ``tools`` in the system
+    message)."""
     if state.tokenizer is None:
         raise APIError("this model has no tokenizer", param="messages")
     turns = conversation(messages)
+    if tools is not None:
+        turns = with_tool_prompt(turns, tools)
     state.limits.check_prompt_chars(sum(len(m["content"]) for m in turns), state.max_model_len, "messages")
     try:
         return await asyncio.to_thread(
@@ -104,7 +111,12 @@ async def encode_chat(
 
 
 def sampling_params_for(
-    state: ServerState, req, num_prompt_tokens: int, max_tokens: int | None, prompt_param: str
+    state: ServerState,
+    req,
+    num_prompt_tokens: int,
+    max_tokens: int | None,
+    prompt_param: str,
+    tools: ToolPlan | None = None,
 ) -> SamplingParams:
     room = state.max_model_len - num_prompt_tokens
     if room < 1:
@@ -140,4 +152,16 @@ def sampling_params_for(
         )
     if bad := [t for t, _ in params.logit_bias if t >= vocab]:
         raise APIError(f"logit_bias: token ids must be in [0, {vocab}), got {bad[:5]}", param="logit_bias")
+    constraint = structured_output_of(req)
+    if tools is not None and (tool_constraint := tools.constraint()) is not None:
+        if constraint is not None:
+            raise APIError(
+                "tool_choice: 'required' or a named function cannot be combined with a structured output",
+                param="tool_choice",
+            )
+        constraint = tool_constraint
+    if constraint is not None:
+        if state.tokenizer is None:
+            raise APIError("this model has no tokenizer; structured outputs need one", code="unsupported")
+        params = dataclasses.replace(params, structured_output=constraint)
     return params

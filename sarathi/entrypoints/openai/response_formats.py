@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sarathi.entrypoints.openai.tool_calls import ToolCall, ToolPlan
 from sarathi.outputs import RequestOutput, TokenLogprob
 from sarathi.tokenizer import Tokenizer
 
@@ -130,3 +131,55 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 def total_usage(results: list[ChoiceResult]) -> dict:
     """``usage`` summed over the choices of one response."""
     return usage(sum(r.num_prompt_tokens for r in results), sum(r.num_output_tokens for r in results))
+
+
+class ToolChatFormat(ChatFormat):
+    """Chat shapes when the request's tools are in play: calls in ``message.tool_calls`` (and
+    ``finish_reason`` "tool_calls"). Streaming: a named function's arguments stream as they come; for
+    "required" and "auto" the output is held and its content and calls come in the last chunk."""
+
+    def __init__(self, model: str, tokenizer: Tokenizer | None, plan: ToolPlan) -> None:
+        super().__init__(model, tokenizer)
+        self.plan = plan
+        self._held: dict[int, list[str]] = {}
+
+    def chunk(self, rid: str, created: int, delta: RequestOutput, first: bool, index: int = 0) -> dict:
+        content: dict = {"role": "assistant"} if first else {}
+        finish = delta.finish_reason
+        if self.plan.mode == "named":
+            call = {"index": 0, "function": {"arguments": delta.new_text}}
+            if first:
+                call = ToolCall(self.plan.named, delta.new_text).as_json(0)
+            content["tool_calls"] = [call]
+            finish = "tool_calls" if finish == "stop" else finish
+        else:
+            held = self._held.setdefault(index, [])
+            held.append(delta.new_text)
+            if finish is not None:
+                text, calls = self.plan.parse("".join(held))
+                if text:
+                    content["content"] = text
+                if calls:
+                    content["tool_calls"] = [c.as_json(i) for i, c in enumerate(calls)]
+                    finish = "tool_calls" if finish == "stop" else finish
+        choice = {
+            "index": index,
+            "delta": content,
+            "logprobs": self.logprobs(delta.new_logprobs),
+            "finish_reason": finish,
+        }
+        return self._envelope(rid, created, "chat.completion.chunk", [choice])
+
+    def final(self, rid: str, created: int, results: list[ChoiceResult]) -> dict:
+        body = super().final(rid, created, results)
+        for choice, r in zip(body["choices"], results, strict=True):
+            text, calls = self.plan.parse(r.text)
+            if calls and r.finish_reason in ("stop", "length"):
+                choice["message"] = {
+                    "role": "assistant",
+                    "content": text,
+                    "tool_calls": [c.as_json() for c in calls],
+                }
+                if r.finish_reason == "stop":
+                    choice["finish_reason"] = "tool_calls"
+        return body

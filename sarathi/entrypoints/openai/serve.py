@@ -21,6 +21,7 @@ from sarathi.entrypoints.openai.guards import (
     AccessPolicy,
     RequestLimits,
 )
+from sarathi.entrypoints.openai.tool_calls import TOOL_CALL_PARSERS
 
 DEFAULT_PORT = 8000
 
@@ -72,6 +73,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
     guard.add_argument("--max-stop-string-chars", type=int, default=DEFAULT_MAX_STOP_STRING_CHARS)
     guard.add_argument(
         "--max-logprobs", type=int, default=MAX_LOGPROBS, help="alternatives per token a request may ask for"
+    )
+    tools = p.add_argument_group("tool calling")
+    tools.add_argument(
+        "--tool-call-parser",
+        choices=list(TOOL_CALL_PARSERS),
+        default=None,
+        help="how tool calls are read from free output (needed for tool_choice 'auto')",
+    )
+    tools.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="allow tool_choice 'auto' (with --tool-call-parser); 'required' and named functions always work",
     )
     add_engine_args(p)
     p.set_defaults(run=run)
@@ -142,6 +155,8 @@ async def _serve(args: argparse.Namespace, config, limits: RequestLimits, policy
         budget = sched.token_budget if sched.name in ("sarathi", "simple_chunking") else None
         metrics = ServerMetrics(name, budget)
         state = ServerState(client, name, tokenizer, metrics, int(time.time()), limits)
+        state.tool_call_parser = args.tool_call_parser
+        state.enable_auto_tool_choice = args.enable_auto_tool_choice
         app = create_app(state, policy)
         server = uvicorn.Server(
             uvicorn.Config(

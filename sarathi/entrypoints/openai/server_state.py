@@ -20,6 +20,8 @@ class ServerState:
     metrics: ServerMetrics
     created: int
     limits: RequestLimits = field(default_factory=RequestLimits)
+    tool_call_parser: str | None = None  # --tool-call-parser
+    enable_auto_tool_choice: bool = False  # --enable-auto-tool-choice
 
     @property
     def max_model_len(self) -> int:

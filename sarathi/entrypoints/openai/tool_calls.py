@@ -1,0 +1,212 @@
+"""Tool calling for chat: which tools a request offers, how the model is told about them, what constrains
+its output, and how calls are read back out of the text.
+
+SmolLM2's chat template knows nothing of tools, so the tool definitions go into the system message in the
+Hermes style (JSON signatures inside ``<tools>``, calls as ``<tool_call>{"name", "arguments"}</tool_call>``)
+for every model. ``tool_choice``:
+
+- ``"none"``: the tools are not shown and nothing is parsed.
+- ``"auto"`` (the default when tools are given): needs ``--enable-auto-tool-choice`` and a
+  ``--tool-call-parser`` (as vLLM); the output is free and the parser reads calls out of it.
+- ``"required"``: the output is constrained to a JSON array of ``{"name", "parameters"}`` objects, one of
+  the tools each, with that tool's parameter schema.
+- a named function: the output is constrained to that function's parameter schema and is its arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sarathi.entrypoints.openai.protocol import APIError
+from sarathi.structured_output import StructuredOutput
+
+TOOL_CALL_PARSERS = ("hermes",)
+_ANY_PARAMETERS = {"type": "object"}
+_HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolFunction:
+    """One function a request offers the model."""
+
+    name: str
+    description: str
+    parameters: dict
+
+    def signature(self) -> dict:
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call read from the output: the function's name and its arguments as JSON text."""
+
+    name: str
+    arguments: str
+
+    def as_json(self, index: int | None = None) -> dict:
+        call = {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+        return call if index is None else {"index": index, **call}
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """How one chat request uses its tools: ``mode`` and, for "named", which function."""
+
+    mode: Literal["auto", "required", "named"]
+    functions: tuple[ToolFunction, ...]
+    named: str | None = None
+
+    def system_prompt(self) -> str:
+        signatures = "\n".join(json.dumps(f.signature(), ensure_ascii=False) for f in self.functions)
+        return (
+            "You can call functions to answer the user. Their signatures are in <tools></tools>:\n"
+            f"<tools>\n{signatures}\n</tools>\n"
+            "To call a function, write one JSON object with its name and arguments between "
+            "<tool_call></tool_call> tags per call:\n"
+            '<tool_call>\n{"name": <function name>, "arguments": <arguments object>}\n</tool_call>'
+        )
+
+    def constraint(self) -> StructuredOutput | None:
+        """The grammar that enforces "required" and named choices (None for "auto")."""
+        if self.mode == "named":
+            return StructuredOutput.json_schema(self._function(self.named).parameters)
+        if self.mode == "required":
+            calls = [
+                {
+                    "type": "object",
+                    "properties": {"name": {"const": f.name}, "parameters": f.parameters},
+                    "required": ["name", "parameters"],
+                    "additionalProperties": False,
+                }
+                for f in self.functions
+            ]
+            return StructuredOutput.json_schema({"type": "array", "minItems": 1, "items": {"anyOf": calls}})
+        return None
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """The output's remaining content (None if nothing is left) and the calls it makes."""
+        if self.mode == "named":
+            return None, [ToolCall(self.named, text)]
+        if self.mode == "required":
+            try:
+                items = json.loads(text)
+                calls = [ToolCall(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in items]
+            except (ValueError, TypeError, KeyError):
+                return text, []
+            return None, calls
+        return _parse_hermes(text)
+
+    def _function(self, name: str | None) -> ToolFunction:
+        return next(f for f in self.functions if f.name == name)
+
+
+def _parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
+    calls, kept, last = [], [], 0
+    for match in _HERMES_CALL.finditer(text):
+        try:
+            body = json.loads(match.group(1))
+            call = ToolCall(body["name"], json.dumps(body.get("arguments", {}), ensure_ascii=False))
+            if not isinstance(call.name, str):
+                raise TypeError
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue  # not a well-formed call: it stays in the content
+        kept.append(text[last : match.start()])
+        last = match.end()
+        calls.append(call)
+    kept.append(text[last:])
+    content = "".join(kept).strip()
+    return (content or None) if calls else text, calls
+
+
+def plan_tools(tools: Any, tool_choice: Any, parser: str | None, auto_enabled: bool) -> ToolPlan | None:
+    """The request's ``ToolPlan`` (None: no tools in play); APIError naming the field otherwise."""
+    if tool_choice is None:
+        tool_choice = "auto" if tools else "none"
+    if not tools or tool_choice == "none":
+        if tool_choice not in ("none", "auto") and not tools:
+            raise APIError("tool_choice: no tools were given", param="tool_choice")
+        return None
+    functions = _functions(tools)
+    if tool_choice == "auto":
+        if not (auto_enabled and parser):
+            raise APIError(
+                'tool_choice: "auto" needs the server started with --enable-auto-tool-choice and '
+                '--tool-call-parser; use "required" or a named function',
+                param="tool_choice",
+            )
+        return ToolPlan("auto", functions)
+    if tool_choice == "required":
+        return ToolPlan("required", functions)
+    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    if (
+        not isinstance(tool_choice, dict)
+        or tool_choice.get("type") != "function"
+        or not isinstance(name, str)
+    ):
+        raise APIError(
+            "tool_choice: must be 'none', 'auto', 'required' or "
+            '{"type": "function", "function": {"name": ...}}',
+            param="tool_choice",
+        )
+    if name not in {f.name for f in functions}:
+        raise APIError(f"tool_choice: no tool is named {name!r}", param="tool_choice.function.name")
+    return ToolPlan("named", functions, name)
+
+
+def _functions(tools: Any) -> tuple[ToolFunction, ...]:
+    if not isinstance(tools, list):
+        raise APIError("tools: must be a list", param="tools")
+    out = []
+    for i, tool in enumerate(tools):
+        param = f"tools.{i}"
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            raise APIError(
+                f"{param}: only {{'type': 'function', 'function': ...}} tools", param=f"{param}.type"
+            )
+        fn = tool.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise APIError(f"{param}.function.name: a function needs a name", param=f"{param}.function.name")
+        parameters = fn.get("parameters") or _ANY_PARAMETERS
+        if not isinstance(parameters, dict):
+            raise APIError(
+                f"{param}.function.parameters: must be a JSON schema object",
+                param=f"{param}.function.parameters",
+            )
+        out.append(ToolFunction(fn["name"], str(fn.get("description") or ""), parameters))
+    if len({f.name for f in out}) != len(out):
+        raise APIError("tools: two tools have the same name", param="tools")
+    return tuple(out)
+
+
+def with_tool_prompt(turns: list[dict], plan: ToolPlan) -> list[dict]:
+    """The conversation with the tool definitions in its system message (added if there is none)."""
+    prompt = plan.system_prompt()
+    if turns and turns[0]["role"] in ("system", "developer"):
+        return [{"role": "system", "content": f"{turns[0]['content']}\n\n{prompt}"}, *turns[1:]]
+    return [{"role": "system", "content": prompt}, *turns]
+
+
+def render_assistant_calls(tool_calls: list[Any]) -> str:
+    """An assistant message's earlier ``tool_calls`` as the Hermes text the model would have written."""
+    parts = []
+    for call in tool_calls:
+        fn = call.get("function", {}) if isinstance(call, dict) else {}
+        arguments = fn.get("arguments", "{}")
+        with contextlib.suppress(ValueError):
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        body = json.dumps({"name": fn.get("name"), "arguments": arguments}, ensure_ascii=False)
+        parts.append(f"<tool_call>\n{body}\n</tool_call>")
+    return "\n".join(parts)
