@@ -154,9 +154,21 @@ class BlockManager:
         """Whether ``seq_id``'s table can grow to hold ``num_tokens`` tokens in total (ignores watermark)."""
         return self._missing_blocks(seq_id, num_tokens) <= self.num_free_blocks
 
+    def try_append_slots(self, seq_id: str, num_tokens: int) -> bool:
+        """``append_slots`` if there is room (True), else nothing (False): one check on the hot path."""
+        missing = self._missing_blocks(seq_id, num_tokens)
+        if missing == 0:
+            return True
+        if missing > self.num_free_blocks:
+            return False
+        self._tables[seq_id].extend(self._take(missing))
+        return True
+
     def append_slots(self, seq_id: str, num_tokens: int) -> None:
         """Grow ``seq_id``'s table to hold ``num_tokens`` tokens in total; a no-op if it already does."""
         missing = self._missing_blocks(seq_id, num_tokens)
+        if missing == 0:
+            return
         if missing > self.num_free_blocks:
             raise BlockManagerError(
                 f"cannot grow {seq_id!r} to {num_tokens} tokens: needs {missing} more blocks, "
@@ -185,6 +197,10 @@ class BlockManager:
     def block_table(self, seq_id: str) -> list[int]:
         """A copy of ``seq_id``'s block ids, in token order."""
         return list(self._table(seq_id))
+
+    def block_table_view(self, seq_id: str) -> Sequence[int]:
+        """``seq_id``'s block ids without a copy (read only; valid until the table next changes)."""
+        return self._table(seq_id)
 
     def has_blocks(self, seq_id: str) -> bool:
         """Whether ``seq_id`` has a block table (it was allocated and not freed)."""

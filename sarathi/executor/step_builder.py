@@ -40,7 +40,7 @@ class StepBuilder:
         new_requests, scheduled = [], []
         for entry in batch.entries:
             seq = entry.seq
-            table = self.block_manager.block_table(seq.seq_id)
+            table = self.block_manager.block_table_view(seq.seq_id)
             sent = self._sent.get(seq.seq_id)
             if sent is None:
                 new_requests.append(

@@ -181,7 +181,9 @@ class Scheduler(ABC):
                     f"but has {seq.num_computed_tokens} computed"
                 )
             seq.num_computed_tokens += entry.num_tokens
-            if self.block_manager.enable_caching:
+            bs = self.block_manager.block_size
+            # Blocks become cacheable only when the computed tokens cross a block boundary.
+            if self.block_manager.enable_caching and seq.num_computed_tokens // bs > entry.start // bs:
                 hashes = update_block_hashes(seq, self.block_manager.block_size)
                 self.block_manager.cache_full_blocks(seq.seq_id, hashes, seq.num_computed_tokens)
             if entry.samples:
@@ -282,14 +284,13 @@ class Scheduler(ABC):
         they become victims once their batches finish).
         """
         need = seq.num_computed_tokens + 1
-        while not self.block_manager.can_append_slots(seq.seq_id, need):
+        while not self.block_manager.try_append_slots(seq.seq_id, need):
             victim = next(s for s in reversed(self.running) if s not in self._in_flight)
             if victim is seq and seq is not self.running[-1]:
                 return False
             self._preempt(victim, batch)
             if victim is seq:
                 return False
-        self.block_manager.append_slots(seq.seq_id, need)
         return True
 
     def _schedule_decodes(self, batch: Batch) -> None:
