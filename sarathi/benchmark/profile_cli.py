@@ -92,23 +92,16 @@ def run(args: argparse.Namespace) -> int:
 def _write_latency_model(engine, results, path: Path) -> Path | None:
     """Fit the simulator's latency model to ``results``, print its held-out error and save it (with the
     engine's measured per-iteration overhead); None when the grid is too small to fit."""
-    from sarathi.simulator.machine_profile import measure_engine_overhead, profile_key, samples_from_results
-    from sarathi.simulator.measured import cross_validate, fit
+    from sarathi.simulator.machine_profile import fit_profile
 
-    samples = samples_from_results(results)
-    if len(samples) < 10:
+    if len(results) < 10:
         print("latency model: not fitted (needs at least 10 grid points)")
         return None
-    model = fit(samples, num_stages=engine.config.parallel.pipeline_parallel_size)
-    held_out = cross_validate(samples)
-    model.engine_overhead_s = measure_engine_overhead(engine)
-    model.metadata = {
-        **profile_key(engine.config),
-        "num_points": len(samples),
-        "held_out_error": {"median": held_out.median, "p90": held_out.p90, "max": held_out.max},
-    }
+    model = fit_profile(engine, results)
+    err = model.metadata["held_out_error"]
     print(
-        f"latency model: held-out relative error {held_out}; engine overhead "
+        f"latency model: held-out relative error median {err['median']:.1%}, p90 {err['p90']:.1%}, "
+        f"max {err['max']:.1%} over {len(results)} points; engine overhead "
         f"{model.engine_overhead_s * 1e3:.2f} ms per iteration"
     )
     return model.save(path)

@@ -124,19 +124,25 @@ def profile_machine(config: EngineConfig, repeats: int = 2, progress: bool = Tru
             p for p in grid_points(PREFILL_TOKENS, DECODE_BATCH_SIZES, fits) if _fits(check_point, engine, p)
         ]
         results = profile_grid(engine, points, repeats=repeats, progress=progress)
-        overhead = measure_engine_overhead(engine)
+        model = fit_profile(engine, results)
     finally:
         engine.shutdown()
+    model.metadata["profiled_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    model.metadata["profile_seconds"] = round(time.monotonic() - started, 1)
+    return model
+
+
+def fit_profile(engine, results) -> MeasuredLatencyModel:
+    """The latency model of ``engine`` fitted to profiler ``results``, with the engine's measured
+    per-iteration overhead and, in its metadata, the profile key and the 5-fold held-out error."""
     samples = samples_from_results(results)
-    model = fit(samples, num_stages=config.parallel.pipeline_parallel_size)
-    model.engine_overhead_s = overhead
+    model = fit(samples, num_stages=engine.config.parallel.pipeline_parallel_size)
+    model.engine_overhead_s = measure_engine_overhead(engine)
     held_out = cross_validate(samples)
     model.metadata = {
-        **profile_key(config),
+        **profile_key(engine.config),
         "num_points": len(samples),
         "held_out_error": {"median": held_out.median, "p90": held_out.p90, "max": held_out.max},
-        "profiled_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "profile_seconds": round(time.monotonic() - started, 1),
     }
     return model
 
