@@ -50,11 +50,14 @@ class RequestMetrics:
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """A generated token's log probability and the most likely alternatives at its position."""
+    """A token's log probability and the most likely alternatives at its position; ``rank`` (1 = the most
+    likely token) is set for prompt tokens. ``logprob`` is None only for an echoed prompt's first token
+    (nothing comes before it)."""
 
     token_id: int
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,10 @@ class RequestOutput:
     ``new_token_ids`` / ``new_text`` / ``new_logprobs`` are this iteration's part (text that could still
     become a stop string is held back until it is decided), produced at ``token_time``. ``token_ids`` and
     ``text`` (everything) and ``metrics`` are set on a request's final output only, so each output costs
-    O(new tokens), in-process and in transport.
+    O(new tokens), in-process and in transport. ``prompt_logprobs`` (asked for with
+    ``SamplingParams.prompt_logprobs``) comes with the first token: one entry per prompt token, None for
+    the first. ``choices`` holds all choices of a request with ``n`` > 1 (best first) in the offline API's
+    results; ``outputs`` reads the same whether or not there are several.
     """
 
     request_id: str
@@ -82,6 +88,14 @@ class RequestOutput:
     token_ids: list[int] | None = None
     text: str | None = None
     token_time: float | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    logprobs: list[TokenLogprob] | None = None  # every output token's, on the final output (if asked)
+    choices: tuple[RequestOutput, ...] | None = None
+
+    @property
+    def outputs(self) -> list[RequestOutput]:
+        """Every choice of the request (just this output when it has one)."""
+        return list(self.choices) if self.choices else [self]
 
 
 @dataclass(frozen=True)

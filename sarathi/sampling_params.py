@@ -9,6 +9,7 @@ from sarathi.structured_output import StructuredOutput
 
 GREEDY_TEMPERATURE = 1e-5
 MAX_LOGIT_BIAS = 100.0  # OpenAI's bound on one logit_bias value
+MAX_CHOICES = 64  # n and best_of: each choice is a sequence of its own
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,14 @@ class SamplingParams:
     and ``presence_penalty`` (in [-2, 2]; subtracted per occurrence / once for each token of the output).
     ``min_p`` (in [0, 1]) then drops tokens whose probability after temperature is below ``min_p`` times
     the most likely token's.
+
+    ``prompt_logprobs`` = k returns, for every prompt token after the first, its log probability given the
+    tokens before it, its rank, and the k most likely alternatives (a request asking for them does not take
+    prompt blocks from the prefix cache: cached positions have no logits).
+
+    ``n`` choices are returned per request, the ``n`` most likely (by cumulative log probability) of
+    ``best_of`` (default ``n``) sampled independently; a seeded request's choice i uses seed + i. The engine
+    runs one sequence per request: the front ends (``LLM``, the server) fan a request out into its choices.
 
     ``structured_output`` constrains the output to a JSON schema, regex, choice or grammar: tokens that
     cannot continue a match are masked out before all of the above, and once the match is complete only
@@ -51,6 +60,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_p: float = 0.0
     structured_output: StructuredOutput | None = None
+    prompt_logprobs: int | None = None
+    n: int = 1
+    best_of: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "logit_bias", _logit_bias_pairs(self.logit_bias))
@@ -88,6 +100,24 @@ class SamplingParams:
             or not 0 <= self.logprobs <= 20
         ):
             raise ValueError(f"logprobs must be an integer in [0, 20] or None, got {self.logprobs!r}")
+        if self.prompt_logprobs is not None and (
+            isinstance(self.prompt_logprobs, bool)
+            or not isinstance(self.prompt_logprobs, int)
+            or not 0 <= self.prompt_logprobs <= 20
+        ):
+            raise ValueError(
+                f"prompt_logprobs must be an integer in [0, 20] or None, got {self.prompt_logprobs!r}"
+            )
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_CHOICES:
+            raise ValueError(f"n must be an integer in [1, {MAX_CHOICES}], got {self.n!r}")
+        if self.best_of is not None and (
+            isinstance(self.best_of, bool)
+            or not isinstance(self.best_of, int)
+            or not self.n <= self.best_of <= MAX_CHOICES
+        ):
+            raise ValueError(
+                f"best_of must be an integer in [n, {MAX_CHOICES}] or None, got {self.best_of!r}"
+            )
         if self.structured_output is not None and not isinstance(self.structured_output, StructuredOutput):
             raise ValueError(f"structured_output must be a StructuredOutput, got {self.structured_output!r}")
         if any(t < 0 for t in self.stop_token_ids):
@@ -97,6 +127,11 @@ class SamplingParams:
     def penalized(self) -> bool:
         """True when a repetition, frequency or presence penalty is set (they need the token history)."""
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences sampled for this request: ``best_of``, else ``n``."""
+        return self.n if self.best_of is None else self.best_of
 
     @property
     def greedy(self) -> bool:

@@ -211,10 +211,15 @@ class EngineCoreClient:
 
     # --- requests -------------------------------------------------------------------------------------------
     async def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float,
+        after: str | None = None,
     ) -> RequestStream:
         """Send a request and wait until the engine accepts it; raises RequestRejectedError or
-        EngineDeadError."""
+        EngineDeadError. ``after``: a sibling choice whose prefill it waits for."""
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
         if request_id in self._pending:
@@ -222,7 +227,7 @@ class EngineCoreClient:
         loop = asyncio.get_running_loop()
         pending = _Pending(loop.create_future(), asyncio.Queue())
         self._pending[request_id] = pending
-        self._in.send_pyobj(AddRequest(request_id, prompt_token_ids, params, arrival_time))
+        self._in.send_pyobj(AddRequest(request_id, prompt_token_ids, params, arrival_time, after))
         try:
             await pending.accepted
         except BaseException:

@@ -16,12 +16,14 @@ from sarathi.sampling_params import SamplingParams
 
 @dataclass(frozen=True)
 class AddRequest:
-    """Queue a tokenized request. ``arrival_time`` is on the shared ``time.monotonic`` clock."""
+    """Queue a tokenized request. ``arrival_time`` is on the shared ``time.monotonic`` clock; ``after``: a
+    sibling choice whose prefill this one waits for (``LLMEngine.add_request``)."""
 
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     arrival_time: float
+    after: str | None = None
 
 
 @dataclass(frozen=True)

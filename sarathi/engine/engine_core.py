@@ -83,7 +83,9 @@ class EngineCore:
                 return
             try:
                 m = message
-                self.engine.add_request(m.request_id, m.prompt_token_ids, m.sampling_params, m.arrival_time)
+                self.engine.add_request(
+                    m.request_id, m.prompt_token_ids, m.sampling_params, m.arrival_time, after=m.after
+                )
             except ValueError as e:
                 out.rejected.append(Rejection(message.request_id, str(e)))
             except Exception as e:  # a bug, not bad input: refuse this request, keep serving the others

@@ -91,6 +91,7 @@ class LLMEngine:
         self._stage_timings: collections.deque[StageTiming] = collections.deque(maxlen=_MAX_KEPT_STATS)
         self._seqs: dict[str, Sequence] = {}
         self._in_flight: collections.deque[_InFlight] = collections.deque()
+        self._held: dict[str, list[Sequence]] = {}  # parent request id -> requests waiting for its prefill
         self._iteration = 0
 
     # --- setup -------------------------------------------------------------------------------------------
@@ -161,11 +162,22 @@ class LLMEngine:
         prompt: str | list[int],
         sampling_params: SamplingParams | None = None,
         arrival_time: float | None = None,
+        after: str | None = None,
     ) -> None:
-        """Queue a request (a text prompt or token ids). Raises ValueError naming the problem."""
+        """Queue a request (a text prompt or token ids). Raises ValueError naming the problem.
+
+        ``after`` names a request whose prompt this one shares (a sibling choice of ``n``): this one waits
+        until that one has its first token, so with prefix caching it reads the prompt's KV blocks instead
+        of computing them again. Its arrival time (and so its TTFT) includes the wait.
+        """
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = sampling_params or SamplingParams()
+        if params.num_sequences > 1:
+            raise ValueError(
+                f"n={params.n}, best_of={params.best_of}: the engine runs one sequence per request; "
+                "fan it out with sarathi.parallel_sampling.child_params (LLM.generate and the server do)"
+            )
         token_ids = self._prompt_token_ids(prompt)
         vocab = self.arch.vocab_size
         if bad := [t for t in params.stop_token_ids if t >= vocab]:
@@ -182,9 +194,18 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             eos_token_ids=self.eos_token_ids,
         )
-        self.scheduler.add_sequence(seq)
         self._seqs[request_id] = seq
         self.outputs.add_request(seq)
+        parent = self._seqs.get(after) if after is not None else None
+        if parent is not None and parent.num_output_tokens == 0 and self.block_manager.enable_caching:
+            self._held.setdefault(after, []).append(seq)
+        else:
+            self.scheduler.add_sequence(seq)
+
+    def _release_held(self, parent_id: str) -> None:
+        """Queue the requests that waited for ``parent_id``'s prefill (it has a token, finished or left)."""
+        for seq in self._held.pop(parent_id, ()):
+            self.scheduler.add_sequence(seq)
 
     def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -207,11 +228,15 @@ class LLMEngine:
         """Stop a request wherever it is (also while in flight); its KV blocks are freed. Unknown ids
         are ignored."""
         if request_id in self._seqs:
-            self.scheduler.abort_sequence(request_id, self.clock())
+            held = next((h for h in self._held.values() if any(s.seq_id == request_id for s in h)), None)
+            if held is not None:
+                held[:] = [s for s in held if s.seq_id != request_id]
+            else:
+                self.scheduler.abort_sequence(request_id, self.clock())
             self._forget(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._in_flight)
+        return self.scheduler.has_unfinished() or bool(self._in_flight) or bool(self._held)
 
     @property
     def num_iterations(self) -> int:
@@ -220,7 +245,7 @@ class LLMEngine:
 
     @property
     def num_unfinished_requests(self) -> int:
-        return self.scheduler.num_waiting + self.scheduler.num_running
+        return self.scheduler.num_waiting + self.scheduler.num_running + sum(map(len, self._held.values()))
 
     # --- the loop ----------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -245,7 +270,9 @@ class LLMEngine:
         batch = flight.batch
         sampling = [e for e in batch.entries if e.samples]
         try:
-            results = self.executor.collect().sampled
+            step_output = self.executor.collect()
+            results = step_output.sampled
+            self.outputs.add_prompt_logprobs(step_output.prompt_logprobs)
         except WorkerFailedError:
             raise
         except Exception as e:
@@ -274,6 +301,8 @@ class LLMEngine:
                 outputs.append(self._fail(e.seq, error, end))
             if e.seq.is_finished:
                 self._forget(e.seq.seq_id)
+            elif e.seq.seq_id in self._held:
+                self._release_held(e.seq.seq_id)
         self._record_stats(flight, end)
         return outputs
 
@@ -286,6 +315,7 @@ class LLMEngine:
         return self.outputs.error_output(seq, error)
 
     def _forget(self, request_id: str) -> None:
+        self._release_held(request_id)
         self._seqs.pop(request_id, None)
         self.outputs.remove(request_id)
         self.step_builder.free(request_id)

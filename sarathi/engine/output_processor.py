@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from sarathi.core.schedulers import Scheduler
 from sarathi.core.sequence import Sequence, SequenceStatus
+from sarathi.executor.messages import PromptLogprobs
 from sarathi.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from sarathi.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -20,15 +21,33 @@ class OutputProcessor:
         self.scheduler = scheduler
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._emitted_chars: dict[str, int] = {}
+        # Prompt log probabilities gathered chunk by chunk, until they go out with the first token.
+        self._prompt_logprobs: dict[str, list[TokenLogprob | None]] = {}
+        self._prompt_logprobs_sent: set[str] = set()
+        self._logprobs: dict[str, list[TokenLogprob]] = {}  # the final output carries them all
 
     def add_request(self, seq: Sequence) -> None:
         if self.tokenizer is not None:
             self._detokenizers[seq.seq_id] = IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids)
             self._emitted_chars[seq.seq_id] = 0
+        if seq.sampling_params.prompt_logprobs is not None:
+            self._prompt_logprobs[seq.seq_id] = [None] * seq.num_prompt_tokens
+        if seq.sampling_params.logprobs is not None:
+            self._logprobs[seq.seq_id] = []
 
     def remove(self, request_id: str) -> None:
         self._detokenizers.pop(request_id, None)
         self._emitted_chars.pop(request_id, None)
+        self._prompt_logprobs.pop(request_id, None)
+        self._prompt_logprobs_sent.discard(request_id)
+        self._logprobs.pop(request_id, None)
+
+    def add_prompt_logprobs(self, chunks: list[PromptLogprobs]) -> None:
+        """Record a step's prompt log probabilities (a recomputed chunk writes the same values again)."""
+        for chunk in chunks:
+            gathered = self._prompt_logprobs.get(chunk.request_id)
+            if gathered is not None:
+                gathered[chunk.start : chunk.start + len(chunk.logprobs)] = chunk.logprobs
 
     def token_output(
         self, seq: Sequence, token_id: int, now: float, logprob: TokenLogprob | None = None
@@ -45,6 +64,9 @@ class OutputProcessor:
             new_text = detok.text[start:end]
             self._emitted_chars[seq.seq_id] = max(start, end)
         finished = seq.is_finished
+        all_logprobs = self._logprobs.get(seq.seq_id)
+        if all_logprobs is not None and logprob is not None:
+            all_logprobs.append(logprob)
         # The cumulative fields go on the last output only: copying them at every token is O(n^2).
         if finished and detok is not None:
             text = detok.text
@@ -62,10 +84,20 @@ class OutputProcessor:
             token_ids=list(seq.output_token_ids) if finished else None,
             text=text if finished else None,
             token_time=now,
+            prompt_logprobs=self._prompt_logprobs_to_send(seq.seq_id, finished),
+            logprobs=all_logprobs if finished else None,
         )
         if seq.is_finished:
             self.remove(seq.seq_id)
         return output
+
+    def _prompt_logprobs_to_send(self, request_id: str, finished: bool) -> list[TokenLogprob | None] | None:
+        """The prompt log probabilities on a request's first output (streams) and on its final one."""
+        gathered = self._prompt_logprobs.get(request_id)
+        if gathered is None or not (finished or request_id not in self._prompt_logprobs_sent):
+            return None
+        self._prompt_logprobs_sent.add(request_id)
+        return gathered
 
     def error_output(self, seq: Sequence, error: str) -> RequestOutput:
         """The last delta of a request the engine failed (``finish_reason`` "error")."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence as Seq
 from typing import Any
@@ -11,6 +12,7 @@ from tqdm.auto import tqdm
 from sarathi.config import EngineConfig, engine_config
 from sarathi.engine.llm_engine import LLMEngine
 from sarathi.outputs import RequestOutput
+from sarathi.parallel_sampling import best_indices, child_params, cumulative_logprob
 from sarathi.sampling_params import SamplingParams
 from sarathi.tokenizer import Tokenizer
 
@@ -70,8 +72,9 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
-        request_ids = self._add_all(prompts, params)
-        return self._run(request_ids, use_tqdm)
+        groups = self._add_all(prompts, params)
+        finished = self._run([rid for group in groups for rid in group], use_tqdm)
+        return [_choose(p, [finished[rid] for rid in group]) for p, group in zip(params, groups, strict=True)]
 
     def chat(
         self,
@@ -86,20 +89,26 @@ class LLM:
         prompts = [tokenizer.apply_chat_template(c, add_generation_prompt) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def _add_all(self, prompts: list[Prompt], params: list[SamplingParams]) -> list[str]:
+    def _add_all(self, prompts: list[Prompt], params: list[SamplingParams]) -> list[list[str]]:
+        """Add every prompt's sequences (``best_of`` or ``n`` of them); the request ids per prompt."""
         added: list[str] = []
+        groups = []
         for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             request_id = f"offline-{next(self._ids)}"
+            children = child_params(p) if p.num_sequences > 1 else [p]
+            ids = [request_id] if len(children) == 1 else [f"{request_id}-{j}" for j in range(len(children))]
             try:
-                self.engine.add_request(request_id, prompt, p)
+                for j, (rid, child) in enumerate(zip(ids, children, strict=True)):
+                    self.engine.add_request(rid, prompt, child, after=ids[0] if j else None)
+                    added.append(rid)
             except ValueError as e:
                 for rid in added:
                     self.engine.abort_request(rid)
                 raise ValueError(f"prompt {i}: {e}") from e
-            added.append(request_id)
-        return added
+            groups.append(ids)
+        return groups
 
-    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> dict[str, RequestOutput]:
         wanted = set(request_ids)
         finished: dict[str, RequestOutput] = {}
         with tqdm(total=len(request_ids), desc="generate", unit="req", disable=not use_tqdm) as bar:
@@ -110,4 +119,16 @@ class LLM:
                     if out.finished and out.request_id in wanted:
                         finished[out.request_id] = out
                         bar.update(1)
-        return [finished[r] for r in request_ids]
+        return finished
+
+
+def _choose(params: SamplingParams, outputs: list[RequestOutput]) -> RequestOutput:
+    """A prompt's result: its one output, or its best ``n`` choices (the first also stands for the group)."""
+    if len(outputs) == 1:
+        return outputs[0]
+    if params.num_sequences > params.n:
+        keep = best_indices([cumulative_logprob(o.logprobs or ()) for o in outputs], params.n)
+        outputs = [outputs[i] for i in keep]
+        if params.logprobs is None:  # they were asked for only to rank the choices
+            outputs = [dataclasses.replace(o, logprobs=None) for o in outputs]
+    return dataclasses.replace(outputs[0], choices=tuple(outputs))

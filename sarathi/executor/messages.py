@@ -66,6 +66,16 @@ class SampledToken:
 
 
 @dataclass(frozen=True)
+class PromptLogprobs:
+    """Log probabilities of prompt tokens ``start``, ``start + 1``, ... of a request, each given the tokens
+    before it (computed from a prefill chunk's logits)."""
+
+    request_id: str
+    start: int
+    logprobs: list[TokenLogprob]
+
+
+@dataclass(frozen=True)
 class StageTiming:
     """When one pipeline stage (its tensor-parallel rank 0) started and ended a step (monotonic clock)."""
 
@@ -77,8 +87,10 @@ class StageTiming:
 
 @dataclass(frozen=True)
 class StepOutput:
-    """The last stage's answer to a step: one ``SampledToken`` per sampling entry, in batch order."""
+    """The last stage's answer to a step: one ``SampledToken`` per sampling entry, in batch order, and the
+    prompt log probabilities its prefill chunks computed for the requests that asked for them."""
 
     step_id: int
     sampled: list[SampledToken]
     timings: list[StageTiming] = field(default_factory=list)
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)

@@ -19,16 +19,31 @@ class RequestState:
     num_output_tokens: int
     sampling_params: object
     block_ids: list[int]
+    num_prompt_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class PromptRows:
+    """Rows of a prefill chunk whose logits score the prompt's next tokens: ``next_token_ids[i]`` is prompt
+    token ``start + i``, predicted by the row before it."""
+
+    request_id: str
+    start: int
+    next_token_ids: list[int]
+    top_k: int
 
 
 @dataclass(frozen=True)
 class ModelInputs:
-    """The flattened batch: token ids, positions, attention metadata and the rows that need logits."""
+    """The flattened batch: token ids, positions, attention metadata and the rows that need logits (the
+    sampling rows first, in order, then the ``prompt_rows``)."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     metadata: AttentionMetadata
     logits_indices: torch.Tensor
+    num_sampling_rows: int = 0
+    prompt_rows: tuple[PromptRows, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -56,6 +71,8 @@ class ModelRunner:
         positions: list[int] = []
         slices: list[SeqSlice] = []
         logits_indices: list[int] = []
+        prompt_rows: list[PromptRows] = []
+        prompt_indices: list[int] = []
         for s in step.scheduled:
             state = requests[s.request_id]
             end = s.start + s.num_tokens
@@ -64,17 +81,27 @@ class ModelRunner:
                     f"step {step.step_id}: {s.request_id!r} scheduled up to token {end}, "
                     f"but the worker knows {len(state.token_ids)}"
                 )
+            first_row = len(input_ids)
             input_ids.extend(state.token_ids[s.start : end])
             positions.extend(range(s.start, end))
             slices.append(SeqSlice(state.block_ids, s.start, s.num_tokens))
             if s.samples:
                 logits_indices.append(len(input_ids) - 1)
+            top_k = getattr(state.sampling_params, "prompt_logprobs", None)
+            # Row p scores prompt token p + 1; rows of output tokens (after a preemption) score nothing.
+            scored_end = min(end, state.num_prompt_tokens - 1)
+            if top_k is not None and scored_end > s.start:
+                next_ids = state.token_ids[s.start + 1 : scored_end + 1]
+                prompt_rows.append(PromptRows(s.request_id, s.start + 1, next_ids, top_k))
+                prompt_indices.extend(range(first_row, first_row + len(next_ids)))
         metadata = build_attention_metadata(slices, self.block_size, device=self.device)
         return ModelInputs(
             torch.tensor(input_ids, dtype=torch.long, device=self.device),
             torch.tensor(positions, dtype=torch.long, device=self.device),
             metadata,
-            torch.tensor(logits_indices, dtype=torch.long, device=self.device),
+            torch.tensor(logits_indices + prompt_indices, dtype=torch.long, device=self.device),
+            len(logits_indices),
+            tuple(prompt_rows),
         )
 
     @torch.inference_mode()

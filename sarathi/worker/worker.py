@@ -16,6 +16,7 @@ from sarathi.model import allocate_kv_cache, load_model
 from sarathi.model.parallel import WHOLE_MODEL, ParallelContext, ShardSpec, TensorParallelGroup
 from sarathi.worker.grammar_masks import GrammarMasks
 from sarathi.worker.model_runner import ModelRunner, RequestState
+from sarathi.worker.prompt_logprobs import score_prompt_rows
 from sarathi.worker.sampler import Sampler
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -76,13 +77,14 @@ class Worker:
         params = [r.sampling_params for r in states]
         history = [r.token_ids for r in states] if any(p.penalized for p in params) else None
         request_ids = [s.request_id for s in sampling]
-        out, failed = self.grammars.apply(out, request_ids)
+        prompt = score_prompt_rows(out[inputs.num_sampling_rows :], inputs.prompt_rows)
+        out, failed = self.grammars.apply(out[: inputs.num_sampling_rows], request_ids)
         sampled = self.sampler.sample(out, params, [r.num_output_tokens for r in states], history)
         for i, error in failed.items():
             sampled[i] = SampledToken(None, error=error)
         self.grammars.advance(request_ids, sampled)
         timing = StageTiming(step.step_id, self.shard.pp_rank, start, time.monotonic())
-        return StepOutput(step.step_id, sampled, [timing]), timing
+        return StepOutput(step.step_id, sampled, [timing], prompt), timing
 
     def _update_requests(self, step: StepInput) -> None:
         for request_id in step.freed_request_ids:
@@ -95,6 +97,7 @@ class Worker:
                 len(r.output_token_ids),
                 r.sampling_params,
                 r.block_ids,
+                len(r.prompt_token_ids),
             )
             if self.grammars is not None and r.sampling_params.structured_output is not None:
                 self.grammars.add(r.request_id, r.sampling_params.structured_output, r.output_token_ids)

@@ -63,6 +63,9 @@ def test_openapi_documents_the_request_bodies(fuzz_server):
         body = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
         assert body == {"$ref": f"#/components/schemas/{model}"}
         assert "prompt" in spec["components"]["schemas"]["CompletionRequest"]["properties"]
+    for path, model in [("/tokenize", "TokenizeRequest"), ("/detokenize", "DetokenizeRequest")]:
+        body = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": f"#/components/schemas/{model}"}
 
 
 def test_bounded_fuzz_of_both_create_endpoints(fuzz_server):

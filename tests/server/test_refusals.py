@@ -13,12 +13,9 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
 
 # field -> a value that asks for something this server does not do
 BOTH = {
-    "n": 2,
-    "best_of": 2,
     "use_beam_search": True,
     "length_penalty": 0.5,
     "early_stopping": True,
-    "prompt_logprobs": 1,
     "allowed_token_ids": [1, 2],
     "bad_words": ["x"],
     "logits_processors": ["x"],
@@ -28,7 +25,7 @@ BOTH = {
     "return_tokens_as_token_ids": True,
     "priority": 1,
 }
-COMPLETIONS = {**BOTH, "echo": True, "suffix": " the end", "add_special_tokens": False}
+COMPLETIONS = {**BOTH, "suffix": " the end", "add_special_tokens": False}
 CHAT = {
     **BOTH,
     "functions": [TOOL["function"]],

@@ -231,9 +231,12 @@ class Scheduler(ABC):
 
     def _reusable_hashes(self, seq: Sequence) -> list[BlockHash]:
         """Hashes of the full blocks ``seq`` may take from the prefix cache: not the block of its last
-        token, which must be computed to have logits to sample from."""
+        token, which must be computed to have logits to sample from. Nothing for a request that still
+        needs its prompt's log probabilities: cached positions would have no logits."""
         bm = self.block_manager
         if not bm.enable_caching:
+            return []
+        if seq.sampling_params.prompt_logprobs is not None and seq.num_output_tokens == 0:
             return []
         return update_block_hashes(seq, bm.block_size)[: (seq.num_tokens - 1) // bm.block_size]
 

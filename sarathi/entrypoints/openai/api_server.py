@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 import uuid
@@ -20,6 +21,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import sarathi
 from sarathi.engine.core_client import EngineDeadError, RequestRejectedError, RequestStream
 from sarathi.entrypoints.openai import refusals
+from sarathi.entrypoints.openai.choices import (
+    ChoiceJob,
+    ChoiceResult,
+    PromptJob,
+    echoed,
+    echoed_delta,
+    fan_out,
+    pick_best,
+)
 from sarathi.entrypoints.openai.guards import AccessPolicy, install_access_policy
 from sarathi.entrypoints.openai.openapi_docs import document_request_bodies
 from sarathi.entrypoints.openai.protocol import APIError, ChatCompletionRequest, CompletionRequest
@@ -32,13 +42,12 @@ from sarathi.entrypoints.openai.request_checks import (
 )
 from sarathi.entrypoints.openai.response_formats import (
     ChatFormat,
-    ChoiceResult,
     CompletionFormat,
     ToolChatFormat,
     usage,
 )
 from sarathi.entrypoints.openai.server_state import ServerState
-from sarathi.entrypoints.openai.tokenize_api import add_tokenize_routes
+from sarathi.entrypoints.openai.tokenize_api import DetokenizeRequest, TokenizeRequest, add_tokenize_routes
 from sarathi.entrypoints.openai.tool_calls import plan_tools
 from sarathi.outputs import RequestOutput, TokenLogprob
 from sarathi.sampling_params import SamplingParams
@@ -64,7 +73,13 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
     state.client.on_outputs = state.metrics.observe_core_outputs
     install_access_policy(app, policy or AccessPolicy())
     document_request_bodies(
-        app, {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest}
+        app,
+        {
+            "/v1/completions": CompletionRequest,
+            "/v1/chat/completions": ChatCompletionRequest,
+            "/tokenize": TokenizeRequest,
+            "/detokenize": DetokenizeRequest,
+        },
     )
 
     @app.exception_handler(APIError)
@@ -119,10 +134,10 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
         jobs = []
         for prompt in req.prompts():
             prompt_ids = await encode_prompt(state, prompt)
-            jobs.append(
-                (prompt_ids, sampling_params_for(state, req, len(prompt_ids), req.max_tokens, "prompt"))
-            )
-        return await _respond(state, raw, req, CompletionFormat(state.model_name, state.tokenizer), jobs)
+            params = sampling_params_for(state, req, len(prompt_ids), req.max_tokens, "prompt")
+            jobs.append(PromptJob(prompt_ids, params, _echo_text(state, prompt) if req.echo else None))
+        fmt = CompletionFormat(state.model_name, state.tokenizer, req.prompt_logprobs is not None)
+        return await _respond(state, raw, req, fmt, jobs)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request) -> Response:
@@ -131,11 +146,12 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
         tools = plan_tools(req.tools, req.tool_choice, state.tool_call_parser, state.enable_auto_tool_choice)
         prompt_ids = await encode_chat(state, req.messages, req.add_generation_prompt, tools=tools)
         params = sampling_params_for(state, req, len(prompt_ids), req.requested_max_tokens, "messages", tools)
+        show_prompt_logprobs = req.prompt_logprobs is not None
         if tools is None:
-            fmt = ChatFormat(state.model_name, state.tokenizer)
+            fmt = ChatFormat(state.model_name, state.tokenizer, show_prompt_logprobs)
         else:
-            fmt = ToolChatFormat(state.model_name, state.tokenizer, tools)
-        return await _respond(state, raw, req, fmt, [(prompt_ids, params)])
+            fmt = ToolChatFormat(state.model_name, state.tokenizer, tools, show_prompt_logprobs)
+        return await _respond(state, raw, req, fmt, [PromptJob(prompt_ids, params)])
 
     return app
 
@@ -144,13 +160,24 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
 
 
 async def _respond(
-    state: ServerState, raw: Request, req, fmt: CompletionFormat, jobs: list[tuple[list[int], SamplingParams]]
+    state: ServerState, raw: Request, req, fmt: CompletionFormat, jobs: list[PromptJob]
 ) -> Response:
-    """Run one engine request per (prompt ids, params) job and answer with one choice per job, in order."""
+    """Run every prompt's sequences (``n`` / ``best_of`` each) as engine requests and answer with one
+    choice per returned sequence, prompt by prompt."""
     request_id = f"{fmt.id_prefix}-{uuid.uuid4().hex}"
-    ids = [request_id] if len(jobs) == 1 else [f"{request_id}-{i}" for i in range(len(jobs))]
+    choices = fan_out(jobs)
+    ids = [request_id] if len(choices) == 1 else [f"{request_id}-{i}" for i in range(len(choices))]
     submitted = await asyncio.gather(
-        *(_submit(state, rid, p, params) for rid, (p, params) in zip(ids, jobs, strict=True)),
+        *(
+            _submit(
+                state,
+                rid,
+                jobs[c.prompt].prompt_ids,
+                c.params,
+                None if c.after is None else ids[c.after],
+            )
+            for rid, c in zip(ids, choices, strict=True)
+        ),
         return_exceptions=True,
     )
     if failed := [x for x in submitted if isinstance(x, BaseException)]:
@@ -159,18 +186,17 @@ async def _respond(
                 stream.close()  # aborts the accepted ones
         raise failed[0]
     streams: list[RequestStream] = list(submitted)
-    prompt_lens = [len(p) for p, _ in jobs]
     created = int(time.time())
     if req.stream:
-        events = _stream_events(state, raw, req, fmt, streams, request_id, created, prompt_lens)
+        events = _stream_events(state, raw, req, fmt, streams, request_id, created, jobs, choices)
         return StreamingResponse(
             events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
     try:
         async with asyncio.TaskGroup() as group:  # one failing choice cancels (aborts) the others
             tasks = [
-                group.create_task(_collect(state, raw, stream, n, params.logprobs is not None))
-                for stream, n, (_, params) in zip(streams, prompt_lens, jobs, strict=True)
+                group.create_task(_collect(state, raw, stream, len(jobs[c.prompt].prompt_ids), c.params))
+                for stream, c in zip(streams, choices, strict=True)
             ]
     except* EngineDeadError as e:
         raise APIError(str(e.exceptions[0]), 503, type="server_error", code="engine_dead") from None
@@ -179,12 +205,29 @@ async def _respond(
     results = [t.result() for t in tasks]
     if any(r is None for r in results):  # the client went away; nobody reads this
         return Response(status_code=499)
-    return JSONResponse(fmt.final(request_id, created, results))
+    kept = pick_best(jobs, choices, results)
+    prompts_of_kept = [k for k, job in enumerate(jobs) for _ in range(job.params.n)]
+    kept = [_with_echo(jobs[k], r) for k, r in zip(prompts_of_kept, kept, strict=True)]
+    return JSONResponse(fmt.final(request_id, created, kept))
 
 
-async def _submit(state: ServerState, request_id: str, prompt_ids: list[int], params: SamplingParams):
+def _with_echo(job: PromptJob, result: ChoiceResult) -> ChoiceResult:
+    text, logprobs = echoed(job, result.text, result.logprobs, result.prompt_logprobs)
+    return dataclasses.replace(result, text=text, logprobs=logprobs)
+
+
+def _echo_text(state: ServerState, prompt: str | list[int]) -> str:
+    """The prompt as text, for ``echo``."""
+    if isinstance(prompt, str):
+        return prompt
+    return "" if state.tokenizer is None else state.tokenizer.decode(prompt, skip_special_tokens=False)
+
+
+async def _submit(
+    state: ServerState, request_id: str, prompt_ids: list[int], params: SamplingParams, after: str | None
+):
     try:
-        return await state.client.add_request(request_id, prompt_ids, params, time.monotonic())
+        return await state.client.add_request(request_id, prompt_ids, params, time.monotonic(), after)
     except RequestRejectedError as e:
         state.metrics.observe_request_end("rejected", 0)
         if e.overloaded:
@@ -199,11 +242,11 @@ async def _submit(state: ServerState, request_id: str, prompt_ids: list[int], pa
 
 
 async def _collect(
-    state: ServerState, raw: Request, stream: RequestStream, num_prompt_tokens: int, want_logprobs: bool
+    state: ServerState, raw: Request, stream: RequestStream, num_prompt_tokens: int, params: SamplingParams
 ) -> ChoiceResult | None:
     """A request's whole output; None if the client went away first."""
-    text, finish, num_output = [], None, 0
-    logprobs: list[TokenLogprob] | None = [] if want_logprobs else None
+    text, finish, num_output, prompt_logprobs = [], None, 0, None
+    logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
     async for delta in _deltas(state, raw, stream, num_prompt_tokens):
         if delta.error is not None:
             raise _internal_error(delta.error)
@@ -211,9 +254,11 @@ async def _collect(
         finish, num_output = delta.finish_reason, delta.num_output_tokens
         if logprobs is not None:
             logprobs.extend(delta.new_logprobs or ())
+        if delta.prompt_logprobs is not None:
+            prompt_logprobs = delta.prompt_logprobs
     if finish is None:
         return None
-    return ChoiceResult("".join(text), finish, logprobs, num_prompt_tokens, num_output)
+    return ChoiceResult("".join(text), finish, logprobs, num_prompt_tokens, num_output, prompt_logprobs)
 
 
 async def _deltas(
@@ -254,11 +299,14 @@ async def _stream_events(
     streams: list[RequestStream],
     request_id: str,
     created: int,
-    prompt_lens: list[int],
+    jobs: list[PromptJob],
+    choices: list[ChoiceJob],
 ) -> AsyncIterator[str]:
     """SSE events of every stream, interleaved as tokens come, each chunk's choice ``index`` naming its
-    prompt; the usage chunk (summed) once all have finished; then ``[DONE]``."""
+    choice (prompt by prompt); the usage chunk (summed, each prompt counted once) once all have finished;
+    then ``[DONE]``."""
     queue: asyncio.Queue = asyncio.Queue()
+    prompt_lens = [len(jobs[c.prompt].prompt_ids) for c in choices]
 
     async def pump(index: int, stream: RequestStream) -> None:
         try:
@@ -283,6 +331,8 @@ async def _stream_events(
             if item.error is not None:
                 yield _sse(_internal_error(item.error).body())
                 break
+            if first[index]:
+                item = echoed_delta(jobs[choices[index].prompt], item)
             # One chunk per generated token, even when its text is held back (a partial character).
             chunk = fmt.chunk(request_id, created, item, first[index], index)
             num_output[index] = item.num_output_tokens
@@ -292,7 +342,8 @@ async def _stream_events(
             yield _sse(chunk)
             finished += item.finished
         if finished == len(streams) and req.include_usage:
-            yield _sse(fmt.usage_chunk(request_id, created, usage(sum(prompt_lens), sum(num_output))))
+            num_prompt = sum(len(job.prompt_ids) for job in jobs)
+            yield _sse(fmt.usage_chunk(request_id, created, usage(num_prompt, sum(num_output))))
     finally:
         for task in tasks:
             task.cancel()

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from sarathi.sampling_params import SamplingParams
+from sarathi.sampling_params import MAX_CHOICES, SamplingParams
 
 MAX_BATCH_PROMPTS = 256  # prompts in one /v1/completions request
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -76,7 +76,9 @@ class _SamplingRequest(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = None
-    n: int = 1
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
+    best_of: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
+    prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
@@ -100,6 +102,10 @@ class _SamplingRequest(BaseModel):
         """Raise APIError for options this server does not implement (default values pass)."""
         if self.stream_options is not None and not self.stream:
             _unsupported("stream_options", "only allowed when stream is true")
+        if self.best_of is not None and self.best_of < self.n:
+            raise APIError(f"best_of: must be >= n ({self.n}), got {self.best_of}", param="best_of")
+        if self.stream and self.best_of is not None and self.best_of > self.n:
+            _unsupported("best_of", "best_of > n cannot be streamed (the best choices are known at the end)")
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -129,7 +135,14 @@ class _SamplingRequest(BaseModel):
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             logit_bias=self.logit_bias or {},
             min_p=self.min_p or 0.0,
+            prompt_logprobs=self.num_prompt_logprobs(),
+            n=self.n,
+            best_of=self.best_of,
         )
+
+    def num_prompt_logprobs(self) -> int | None:
+        """Alternatives per prompt token to compute (None: no prompt log probabilities)."""
+        return self.prompt_logprobs
 
     @property
     def include_usage(self) -> bool:
@@ -146,12 +159,17 @@ class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     max_tokens: int | None = 16
     echo: bool = False
-    best_of: int | None = None
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     suffix: str | None = None
 
     def num_logprobs(self) -> int | None:
         return self.logprobs
+
+    def num_prompt_logprobs(self) -> int | None:
+        """``echo`` with ``logprobs`` scores the prompt too (the legacy API's way to get log-likelihoods)."""
+        if self.echo and self.logprobs is not None:
+            return max(self.logprobs, self.prompt_logprobs or 0)
+        return self.prompt_logprobs
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts of this request: one text or token-id list, or a batch of them (one choice each)."""
@@ -160,9 +178,11 @@ class CompletionRequest(_SamplingRequest):
             return [p]
         if not p:
             raise APIError("prompt: the prompt is empty", param="prompt", code="empty_prompt")
-        if len(p) > MAX_BATCH_PROMPTS:
+        per_prompt = max(self.n, self.best_of or 1)
+        if len(p) * per_prompt > MAX_BATCH_PROMPTS:
             raise APIError(
-                f"prompt: {len(p)} prompts in one request, at most {MAX_BATCH_PROMPTS}",
+                f"prompt: {len(p)} prompts × {per_prompt} choices in one request, at most "
+                f"{MAX_BATCH_PROMPTS} sequences",
                 param="prompt",
                 code="too_many_prompts",
             )

@@ -53,12 +53,9 @@ _TOOLS = "the legacy function calling fields are not supported"
 _TEMPLATE = "only the model's own chat template is supported"
 
 SAMPLING = (
-    Refusal("n", "only n=1 is supported; send one request per completion", _is(1)),
-    Refusal("best_of", "only best_of=1 is supported", _is(1)),
     Refusal("use_beam_search", "beam search is not supported", _is(False)),
     Refusal("length_penalty", "beam search is not supported (only 1.0)", _is(1)),
     Refusal("early_stopping", "beam search is not supported", _is(False)),
-    Refusal("prompt_logprobs", "prompt log probabilities are not supported", _never),
     Refusal("allowed_token_ids", "allowed_token_ids is not supported", _never),
     Refusal("bad_words", "bad_words is not supported", _is([])),
     Refusal("logits_processors", "logits processors are not supported", _is([])),
@@ -71,7 +68,6 @@ SAMPLING = (
 
 COMPLETIONS = (
     *SAMPLING,
-    Refusal("echo", "echoing the prompt is not supported", _is(False)),
     Refusal("suffix", "suffix (insertion) is not supported", _is("")),
     Refusal("add_special_tokens", "the tokenizer's special tokens are always added", _is(True)),
 )

@@ -2,22 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from sarathi.entrypoints.openai.choices import ChoiceResult
 from sarathi.entrypoints.openai.tool_calls import ToolCall, ToolPlan
 from sarathi.outputs import RequestOutput, TokenLogprob
 from sarathi.tokenizer import Tokenizer
-
-
-@dataclass(frozen=True)
-class ChoiceResult:
-    """One finished choice of a non-streaming response (one per prompt)."""
-
-    text: str
-    finish_reason: str | None
-    logprobs: list[TokenLogprob] | None
-    num_prompt_tokens: int
-    num_output_tokens: int
 
 
 class CompletionFormat:
@@ -25,9 +13,10 @@ class CompletionFormat:
 
     id_prefix = "cmpl"
 
-    def __init__(self, model: str, tokenizer: Tokenizer | None) -> None:
+    def __init__(self, model: str, tokenizer: Tokenizer | None, show_prompt_logprobs: bool = False) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        self.show_prompt_logprobs = show_prompt_logprobs  # the request asked for vLLM's prompt_logprobs
 
     def chunk(self, rid: str, created: int, delta: RequestOutput, first: bool, index: int = 0) -> dict:
         choice = {
@@ -36,19 +25,42 @@ class CompletionFormat:
             "logprobs": self.logprobs(delta.new_logprobs),
             "finish_reason": delta.finish_reason,
         }
+        self._add_prompt_logprobs(choice, delta.prompt_logprobs)
         return self._envelope(rid, created, "text_completion", [choice])
 
     def final(self, rid: str, created: int, results: list[ChoiceResult]) -> dict:
-        choices = [
-            {
+        choices = []
+        for i, r in enumerate(results):
+            choice = {
                 "index": i,
                 "text": r.text,
                 "logprobs": self.logprobs(r.logprobs),
                 "finish_reason": r.finish_reason,
             }
-            for i, r in enumerate(results)
-        ]
+            self._add_prompt_logprobs(choice, r.prompt_logprobs)
+            choices.append(choice)
         return {**self._envelope(rid, created, "text_completion", choices), "usage": total_usage(results)}
+
+    def _add_prompt_logprobs(self, choice: dict, prompt_logprobs: list[TokenLogprob | None] | None) -> None:
+        if self.show_prompt_logprobs and prompt_logprobs is not None:
+            choice["prompt_logprobs"] = self.prompt_logprobs(prompt_logprobs)
+
+    def prompt_logprobs(self, logprobs: list[TokenLogprob | None]) -> list[dict | None]:
+        """vLLM's shape: per prompt token (None for the first), ``{token id: {logprob, rank,
+        decoded_token}}`` for the token itself and its most likely alternatives."""
+        out: list[dict | None] = []
+        for lp in logprobs:
+            if lp is None:
+                out.append(None)
+                continue
+            entry = {str(lp.token_id): self._scored(lp.token_id, lp.logprob, lp.rank)}
+            for rank, (token_id, value) in enumerate(lp.top, start=1):
+                entry.setdefault(str(token_id), self._scored(token_id, value, rank))
+            out.append(entry)
+        return out
+
+    def _scored(self, token_id: int, logprob: float, rank: int | None) -> dict:
+        return {"logprob": logprob, "rank": rank, "decoded_token": self._text(token_id)}
 
     def usage_chunk(self, rid: str, created: int, usage: dict) -> dict:
         return {**self._envelope(rid, created, "text_completion", []), "usage": usage}
@@ -61,7 +73,10 @@ class CompletionFormat:
         return {
             "tokens": tokens,
             "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [{self._text(t): v for t, v in lp.top} for lp in logprobs],
+            # An echoed prompt's first token has no log probability and no alternatives (null, as OpenAI).
+            "top_logprobs": [
+                None if lp.logprob is None else {self._text(t): v for t, v in lp.top} for lp in logprobs
+            ],
             "text_offset": offsets,
         }
 
@@ -87,6 +102,7 @@ class ChatFormat(CompletionFormat):
             "logprobs": self.logprobs(delta.new_logprobs),
             "finish_reason": delta.finish_reason,
         }
+        self._add_prompt_logprobs(choice, delta.prompt_logprobs)
         return self._envelope(rid, created, "chat.completion.chunk", [choice])
 
     def final(self, rid: str, created: int, results: list[ChoiceResult]) -> dict:
@@ -99,7 +115,10 @@ class ChatFormat(CompletionFormat):
             }
             for i, r in enumerate(results)
         ]
-        return {**self._envelope(rid, created, "chat.completion", choices), "usage": total_usage(results)}
+        body = {**self._envelope(rid, created, "chat.completion", choices), "usage": total_usage(results)}
+        if self.show_prompt_logprobs and results and results[0].prompt_logprobs is not None:
+            body["prompt_logprobs"] = self.prompt_logprobs(results[0].prompt_logprobs)  # as vLLM: one list
+        return body
 
     def usage_chunk(self, rid: str, created: int, usage: dict) -> dict:
         return {**self._envelope(rid, created, "chat.completion.chunk", []), "usage": usage}
@@ -138,8 +157,10 @@ class ToolChatFormat(ChatFormat):
     ``finish_reason`` "tool_calls"). Streaming: a named function's arguments stream as they come; for
     "required" and "auto" the output is held and its content and calls come in the last chunk."""
 
-    def __init__(self, model: str, tokenizer: Tokenizer | None, plan: ToolPlan) -> None:
-        super().__init__(model, tokenizer)
+    def __init__(
+        self, model: str, tokenizer: Tokenizer | None, plan: ToolPlan, show_prompt_logprobs: bool = False
+    ) -> None:
+        super().__init__(model, tokenizer, show_prompt_logprobs)
         self.plan = plan
         self._held: dict[int, list[str]] = {}
 
