@@ -3,13 +3,17 @@ arguments match the function's schema (the grammar enforces it); the Hermes pars
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import random
 
 import jsonschema
 import openai
 import pytest
 
 from sarathi.entrypoints.openai.tool_calls import ToolFunction, ToolPlan
+from sarathi.entrypoints.openai.tool_stream import ToolCallStream
+from tests.server.conftest import ServerProcess
 
 WEATHER = {
     "type": "object",
@@ -60,28 +64,109 @@ def test_named_function_and_required(openai_client, model_name):
             assert [t.function.name for t in c.message.tool_calls] == ["get_weather"]
 
 
-def test_streamed_tool_calls(openai_client, model_name):
+def _streamed(client, model_name: str, **kwargs) -> tuple[list, str, dict[int, dict]]:
+    chunks = list(client.chat.completions.create(model=model_name, stream=True, **kwargs))
+    content, calls = "", {}
+    for chunk in chunks:
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for t in delta.tool_calls or ():
+            call = calls.setdefault(t.index, {"name": None, "arguments": "", "id": None})
+            call["name"] = t.function.name or call["name"]
+            call["id"] = t.id or call["id"]
+            call["arguments"] += t.function.arguments or ""
+    return chunks, content, calls
+
+
+def test_streamed_tool_calls_come_token_by_token(openai_client, model_name):
     for choice in (NAMED, "required"):
-        chunks = list(
-            openai_client.chat.completions.create(
-                model=model_name,
-                messages=MESSAGES,
-                tools=TOOLS,
-                tool_choice=choice,
-                max_tokens=80,
-                stream=True,
-            )
-        )
-        calls: dict[int, dict] = {}
-        for chunk in chunks:
-            for t in chunk.choices[0].delta.tool_calls or ():
-                call = calls.setdefault(t.index, {"name": None, "arguments": ""})
-                call["name"] = t.function.name or call["name"]
-                call["arguments"] += t.function.arguments or ""
+        kwargs = {
+            "messages": MESSAGES,
+            "tools": TOOLS,
+            "tool_choice": choice,
+            "max_tokens": 80,
+            "temperature": 0,
+        }
+        chunks, _, calls = _streamed(openai_client, model_name, **kwargs)
         assert chunks[-1].choices[0].finish_reason == "tool_calls"
-        assert calls
+        assert calls and all(c["id"] for c in calls.values())
         for call in calls.values():
             jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
+        with_arguments = [
+            c for c in chunks if any(t.function.arguments for t in c.choices[0].delta.tool_calls or ())
+        ]
+        assert len(with_arguments) > 3  # the arguments stream as they are generated, not at the end
+        whole = (
+            openai_client.chat.completions.create(model=model_name, **kwargs).choices[0].message.tool_calls
+        )
+        assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
+            (t.function.name, json.loads(t.function.arguments)) for t in whole
+        ]
+
+
+@pytest.fixture(scope="module")
+def auto_server():
+    srv = ServerProcess("--num-kv-blocks", "512", "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    yield srv
+    srv.stop()
+
+
+def test_auto_streaming_matches_the_whole_response(auto_server):
+    client = openai.OpenAI(base_url=f"{auto_server.url}/v1", api_key="unused", max_retries=0, timeout=300)
+    model = client.models.list().data[0].id
+    # SmolLM2-135M does not write Hermes calls by itself: a regex makes it write content, then a call.
+    forced = (
+        r"Let me check\.\n<tool_call>\n"
+        r'\{"name": "get_time", "arguments": \{"zone": "[A-Z]{3,5}"\}\}\n</tool_call>'
+    )
+    for extra in ({}, {"guided_regex": forced}):
+        kwargs = {
+            "messages": MESSAGES,
+            "tools": TOOLS,
+            "max_tokens": 60,
+            "temperature": 0,
+            "extra_body": extra,
+        }
+        whole = client.chat.completions.create(model=model, **kwargs).choices[0]
+        chunks, content, calls = _streamed(client, model, **kwargs)
+        expected = [
+            (t.function.name, json.loads(t.function.arguments)) for t in whole.message.tool_calls or ()
+        ]
+        assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == expected
+        assert " ".join(content.split()) == " ".join((whole.message.content or "").split())
+        assert chunks[-1].choices[0].finish_reason == whole.finish_reason
+        if extra:
+            assert [name for name, _ in expected] == ["get_time"] and whole.finish_reason == "tool_calls"
+            assert content.strip() == "Let me check."
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_tool_call_stream_splits_anywhere(seed):
+    rng = random.Random(seed)
+    required = (
+        '[{"name":"get_weather","parameters":{"city":"Pa\\"ris","n":[1,{"a":"}"}]}},'
+        '{"parameters":{},"name":"g"}]'
+    )
+    auto = (
+        'Sure <b> let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "<tool_call>", '
+        '"deg": 3.5}}\n</tool_call>\nand <tool_call>{"arguments": {}, "name": "now"}</tool_call> done <tool'
+    )
+    plan = ToolPlan("required", (ToolFunction("f", "", {"type": "object"}),))
+    for mode, text in [("required", required), ("auto", auto)]:
+        stream, content, calls, i = ToolCallStream(mode), "", {}, 0
+        while i < len(text):
+            step = rng.randint(1, 5)
+            piece, i = text[i : i + step], i + step
+            new, deltas = stream.feed(piece, finished=i >= len(text))
+            content += new
+            for d in deltas:
+                call = calls.setdefault(d["index"], {"name": d["function"].get("name"), "arguments": ""})
+                call["arguments"] += d["function"]["arguments"]
+        expected_content, expected = dataclasses.replace(plan, mode=mode).parse(text)
+        assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
+            (c.name, json.loads(c.arguments)) for c in expected
+        ]
+        assert " ".join(content.split()) == " ".join((expected_content or "").split())
 
 
 def test_a_conversation_with_earlier_calls_renders(openai_client, model_name):

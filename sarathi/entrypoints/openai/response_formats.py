@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sarathi.entrypoints.openai.choices import ChoiceResult
 from sarathi.entrypoints.openai.tool_calls import ToolCall, ToolPlan
+from sarathi.entrypoints.openai.tool_stream import ToolCallStream
 from sarathi.outputs import RequestOutput, TokenLogprob
 from sarathi.tokenizer import Tokenizer
 
@@ -154,15 +155,15 @@ def total_usage(results: list[ChoiceResult]) -> dict:
 
 class ToolChatFormat(ChatFormat):
     """Chat shapes when the request's tools are in play: calls in ``message.tool_calls`` (and
-    ``finish_reason`` "tool_calls"). Streaming: a named function's arguments stream as they come; for
-    "required" and "auto" the output is held and its content and calls come in the last chunk."""
+    ``finish_reason`` "tool_calls"). Streaming: calls stream as the tokens come (a named function's
+    arguments directly; "required" and "auto" output through ``ToolCallStream``)."""
 
     def __init__(
         self, model: str, tokenizer: Tokenizer | None, plan: ToolPlan, show_prompt_logprobs: bool = False
     ) -> None:
         super().__init__(model, tokenizer, show_prompt_logprobs)
         self.plan = plan
-        self._held: dict[int, list[str]] = {}
+        self._streams: dict[int, ToolCallStream] = {}  # per choice index
 
     def chunk(self, rid: str, created: int, delta: RequestOutput, first: bool, index: int = 0) -> dict:
         content: dict = {"role": "assistant"} if first else {}
@@ -174,15 +175,14 @@ class ToolChatFormat(ChatFormat):
             content["tool_calls"] = [call]
             finish = "tool_calls" if finish == "stop" else finish
         else:
-            held = self._held.setdefault(index, [])
-            held.append(delta.new_text)
-            if finish is not None:
-                text, calls = self.plan.parse("".join(held))
-                if text:
-                    content["content"] = text
-                if calls:
-                    content["tool_calls"] = [c.as_json(i) for i, c in enumerate(calls)]
-                    finish = "tool_calls" if finish == "stop" else finish
+            stream = self._streams.setdefault(index, ToolCallStream(self.plan.mode))
+            text, calls = stream.feed(delta.new_text, finished=finish is not None)
+            if text:
+                content["content"] = text
+            if calls:
+                content["tool_calls"] = calls
+            if stream.num_calls and finish == "stop":
+                finish = "tool_calls"
         choice = {
             "index": index,
             "delta": content,
