@@ -8,13 +8,14 @@ and round, with forward hooks, only the tensors named:
 - weights: the weights alone (the gap between the two references);
 - kv cache: keys after RoPE and v_proj outputs, as a bf16 KV cache stores them;
 - linear inputs: every linear layer's input, as any bf16 GEMM reads it;
-- linear inputs + outputs: also every linear layer's output, as a CPU bf16 GEMM writes it (PyTorch on CPU has
-  no bf16 x bf16 -> fp32 matmul), the least rounding a bf16 implementation on this machine can do.
+- linear inputs + outputs: also every linear layer's output, as PyTorch's CPU bf16 GEMMs write it (they have
+  no bf16 x bf16 -> fp32 output; our AVX512-BF16 kernel does, and skips this rounding).
 
 The last rows measure real implementations: ours with bf16 weights and KV cache and fp32 math (the
 `bfloat16` dtype; it should sit on the "weights + kv cache" row), ours with bf16 math
-(`compute_dtype=bfloat16`, fp32 residual stream; it should sit near the "linear inputs + outputs" row), and
-transformers' own bf16 model.
+(`compute_dtype=bfloat16`: bf16 GEMM inputs with fp32 accumulation and output, fp32 attention and residual
+stream; its contract is <= 1.3x the "weights + linear inputs + kv cache" row), and transformers' own bf16
+model.
 
     python benchmarks/bf16_error_budget.py
 """

@@ -50,8 +50,11 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch
     return torch.cat((cos, cos), -1).unsqueeze(1), torch.cat((-sin, sin), -1).unsqueeze(1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, head_dim], pairing dims (i, i + head_dim/2); float32 math, result in x.dtype."""
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """Rotate x [T, heads, head_dim], pairing dims (i, i + head_dim/2); float32 math, result in `out_dtype`
+    (default x.dtype)."""
     xf = x.float()
     swapped = torch.roll(xf, shifts=x.shape[-1] // 2, dims=-1)  # (x2, x1)
-    return torch.addcmul(xf * cos, swapped, sin).to(x.dtype)
+    return torch.addcmul(xf * cos, swapped, sin).to(x.dtype if out_dtype is None else out_dtype)

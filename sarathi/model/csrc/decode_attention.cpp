@@ -1,0 +1,289 @@
+// Decode attention over a paged KV cache, reading the cache's blocks in place (no gather into a buffer).
+//
+// One task per (sequence, kv head): its `rep` query heads (grouped-query attention) score every key of the
+// sequence's context, a float32 softmax, then the weighted sum of values. Queries, scores, softmax and
+// accumulation are float32; keys and values are read as stored (bf16 or float32) and widened exactly.
+//
+// Cache layout per layer: [kv_heads, num_blocks, block_size, head_dim]; block_tables [B, max_blocks].
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace sarathi_kernels {
+
+// Everything from here is compiled for AVX-512; the Python side runs it only where cpu_supported() says so.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+
+namespace {
+
+constexpr int64_t kLanes = 16;
+
+template <typename T>
+inline __m512 load16(const T* p);
+
+template <>
+inline __m512 load16<float>(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+
+template <>
+inline __m512 load16<at::BFloat16>(const at::BFloat16* p) {
+  // bf16 is the top half of a float32: widening is exact.
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// e^x for x <= 0 (softmax after subtracting the max): 2^(x log2 e) split into 2^n * 2^f, f in [-0.5, 0.5],
+// 2^f by a degree-6 polynomial (relative error < 2e-7); very negative x underflows to 0.
+inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.5353362e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3398874e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Each of `rows` rows of `context` scores -> its softmax, in place.
+void softmax_rows(float* scores, int64_t rows, int64_t context) {
+  const int64_t full = context / kLanes * kLanes;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (context - full)) - 1u);
+  for (int64_t h = 0; h < rows; ++h) {
+    float* s = scores + h * context;
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < full; j += kLanes) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
+    if (tail) mx = _mm512_mask_max_ps(mx, tail, mx, _mm512_maskz_loadu_ps(tail, s + full));
+    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < full; j += kLanes) {
+      const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j), m));
+      _mm512_storeu_ps(s + j, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    if (tail) {
+      const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + full), m));
+      _mm512_mask_storeu_ps(s + full, tail, e);
+      sum = _mm512_mask_add_ps(sum, tail, sum, e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+    for (int64_t j = 0; j < full; j += kLanes) _mm512_storeu_ps(s + j, _mm512_mul_ps(_mm512_loadu_ps(s + j), inv));
+    if (tail) _mm512_mask_storeu_ps(s + full, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, s + full), inv));
+  }
+}
+
+// Calls f(j, row) for each key j < context, row pointing at its head_dim values in this head's blocks.
+// Blocks sit anywhere in the cache, too short for the hardware prefetcher to find each one in time, so the
+// block kPrefetchAhead places ahead is prefetched while this one is read.
+constexpr int64_t kPrefetchAhead = 4;
+
+template <typename T, typename F>
+inline void for_each_key(const T* head, const T* next_head, const int64_t* table, int64_t context,
+                         int64_t block_size, int64_t d, F&& f) {
+  const int64_t blocks = (context + block_size - 1) / block_size;
+  const int64_t block_bytes = block_size * d * static_cast<int64_t>(sizeof(T));
+  auto prefetch = [&](int64_t blk) {
+    const char* p = reinterpret_cast<const char*>(head + table[blk] * block_size * d);
+    for (int64_t off = 0; off < block_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+    if (next_head) {  // the block the next pass reads, into L2 (a context's values fit there)
+      const char* n = reinterpret_cast<const char*>(next_head + table[blk] * block_size * d);
+      for (int64_t off = 0; off < block_bytes; off += 64) _mm_prefetch(n + off, _MM_HINT_T1);
+    }
+  };
+  for (int64_t blk = 0; blk < std::min(blocks, kPrefetchAhead); ++blk) prefetch(blk);
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    if (blk + kPrefetchAhead < blocks) prefetch(blk + kPrefetchAhead);
+    const T* row = head + table[blk] * block_size * d;
+    const int64_t start = blk * block_size, end = std::min(context, start + block_size);
+    for (int64_t j = start; j < end; ++j, row += d) f(j, row);
+  }
+}
+
+// One (sequence, kv head): VECS = head_dim / 16 and REP query heads as compile-time constants, so the
+// queries and accumulators live in registers.
+template <typename T, int VECS, int REP>
+void attend_group(
+    const float* q,  // [REP, d]
+    const T* k_head, const T* v_head,  // this kv head's [num_blocks, block_size, d]
+    const int64_t* table, int64_t context, int64_t block_size, float scale,
+    float* scores,  // scratch [REP, context]
+    float* out) {  // [REP, d]
+  constexpr int64_t d = VECS * kLanes;
+  __m512 qv[REP][VECS];
+#pragma GCC unroll 16
+  for (int h = 0; h < REP; ++h)
+#pragma GCC unroll 16
+    for (int i = 0; i < VECS; ++i) qv[h][i] = _mm512_mul_ps(_mm512_loadu_ps(q + h * d + i * kLanes), _mm512_set1_ps(scale));
+  for_each_key(k_head, v_head, table, context, block_size, d, [&](int64_t j, const T* key) {
+    __m512 kv[VECS];
+#pragma GCC unroll 16
+    for (int i = 0; i < VECS; ++i) kv[i] = load16(key + i * kLanes);
+#pragma GCC unroll 16
+    for (int h = 0; h < REP; ++h) {
+      __m512 acc = _mm512_mul_ps(qv[h][0], kv[0]);
+#pragma GCC unroll 16
+      for (int i = 1; i < VECS; ++i) acc = _mm512_fmadd_ps(qv[h][i], kv[i], acc);
+      scores[h * context + j] = _mm512_reduce_add_ps(acc);
+    }
+  });
+  softmax_rows(scores, REP, context);
+  __m512 acc[REP][VECS];
+#pragma GCC unroll 16
+  for (int h = 0; h < REP; ++h)
+#pragma GCC unroll 16
+    for (int i = 0; i < VECS; ++i) acc[h][i] = _mm512_setzero_ps();
+  for_each_key(v_head, static_cast<const T*>(nullptr), table, context, block_size, d, [&](int64_t j, const T* value) {
+    __m512 vv[VECS];
+#pragma GCC unroll 16
+    for (int i = 0; i < VECS; ++i) vv[i] = load16(value + i * kLanes);
+#pragma GCC unroll 16
+    for (int h = 0; h < REP; ++h) {
+      const __m512 p = _mm512_set1_ps(scores[h * context + j]);
+#pragma GCC unroll 16
+      for (int i = 0; i < VECS; ++i) acc[h][i] = _mm512_fmadd_ps(p, vv[i], acc[h][i]);
+    }
+  });
+#pragma GCC unroll 16
+  for (int h = 0; h < REP; ++h)
+#pragma GCC unroll 16
+    for (int i = 0; i < VECS; ++i) _mm512_storeu_ps(out + h * d + i * kLanes, acc[h][i]);
+}
+
+// Any head_dim (multiple of 16, <= 256) and grouping: the same math with runtime loop bounds, one query head
+// at a time.
+template <typename T>
+void attend_group_generic(
+    const float* q, const T* k_head, const T* v_head, const int64_t* table, int64_t context,
+    int64_t block_size, int64_t d, int64_t rep, float scale, float* scores, float* out) {
+  const int64_t vecs = d / kLanes;
+  for (int64_t h = 0; h < rep; ++h) {
+    const float* qh = q + h * d;
+    float* s = scores + h * context;
+    for_each_key(k_head, v_head, table, context, block_size, d, [&](int64_t j, const T* key) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t i = 0; i < vecs; ++i) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + i * kLanes), load16(key + i * kLanes), acc);
+      s[j] = _mm512_reduce_add_ps(acc) * scale;
+    });
+  }
+  softmax_rows(scores, rep, context);
+  for (int64_t h = 0; h < rep; ++h) {
+    const float* s = scores + h * context;
+    for (int64_t i = 0; i < vecs; ++i) {
+      __m512 acc = _mm512_setzero_ps();
+      for_each_key(v_head, static_cast<const T*>(nullptr), table, context, block_size, d, [&](int64_t j, const T* value) {
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), load16(value + i * kLanes), acc);
+      });
+      _mm512_storeu_ps(out + h * d + i * kLanes, acc);
+    }
+  }
+}
+
+template <typename T>
+using GroupFn = void (*)(const float*, const T*, const T*, const int64_t*, int64_t, int64_t, float, float*, float*);
+
+// The compiled (head_dim / 16, group size) pairs: head_dim 64 or 128, 1 to 8 query heads per kv head.
+template <typename T>
+GroupFn<T> specialized(int64_t vecs, int64_t rep) {
+#define SARATHI_GROUP_CASE(V, R) \
+  if (vecs == V && rep == R) return &attend_group<T, V, R>;
+#define SARATHI_GROUP_CASES(V)                                                                       \
+  SARATHI_GROUP_CASE(V, 1) SARATHI_GROUP_CASE(V, 2) SARATHI_GROUP_CASE(V, 3) SARATHI_GROUP_CASE(V, 4) \
+  SARATHI_GROUP_CASE(V, 5) SARATHI_GROUP_CASE(V, 6) SARATHI_GROUP_CASE(V, 7) SARATHI_GROUP_CASE(V, 8)
+  SARATHI_GROUP_CASES(4)
+  SARATHI_GROUP_CASES(8)
+#undef SARATHI_GROUP_CASES
+#undef SARATHI_GROUP_CASE
+  return nullptr;
+}
+
+template <typename T>
+void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& tables,
+         const at::Tensor& lens, double scale, at::Tensor& out) {
+  const int64_t batch = q.size(0), heads = q.size(1), d = q.size(2);
+  const int64_t kv_heads = k_cache.size(0), num_blocks = k_cache.size(1), block_size = k_cache.size(2);
+  const int64_t rep = heads / kv_heads, max_blocks = tables.size(1);
+  const float* qp = q.data_ptr<float>();
+  const T* kp = k_cache.data_ptr<T>();
+  const T* vp = v_cache.data_ptr<T>();
+  const int64_t* tp = tables.data_ptr<int64_t>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  const int64_t head_stride = num_blocks * block_size * d;
+  const float s = static_cast<float>(scale);
+  const GroupFn<T> group = specialized<T>(d / kLanes, rep);
+  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scores;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / kv_heads, g = t % kv_heads, context = lp[b];
+      scores.resize(static_cast<size_t>(rep * context));
+      const float* qg = qp + (b * heads + g * rep) * d;
+      float* og = op + (b * heads + g * rep) * d;
+      if (group) {
+        group(qg, kp + g * head_stride, vp + g * head_stride, tp + b * max_blocks, context, block_size, s,
+              scores.data(), og);
+      } else {
+        attend_group_generic<T>(qg, kp + g * head_stride, vp + g * head_stride, tp + b * max_blocks, context,
+                                block_size, d, rep, s, scores.data(), og);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// q [B, heads, d] (cast to float32), caches [kv_heads, num_blocks, block_size, d] (bf16 or float32),
+// block_tables [B, max_blocks] int64, context_lens [B] int64 (each >= 1) -> float32 [B, heads * d].
+at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
+  TORCH_CHECK(q_in.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
+              "decode_attention: q must be [B, heads, d] and the caches [kv_heads, blocks, block_size, d]");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "decode_attention: caches must be contiguous");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "decode_attention: k and v caches differ in dtype");
+  const at::Tensor q = q_in.to(at::kFloat).contiguous();
+  const at::Tensor tables = block_tables.to(at::kLong).contiguous();
+  const at::Tensor lens = context_lens.to(at::kLong).contiguous();
+  const int64_t batch = q.size(0), heads = q.size(1), d = q.size(2), kv_heads = k_cache.size(0);
+  TORCH_CHECK(k_cache.size(3) == d, "decode_attention: head_dim of q (", d, ") and cache differ");
+  TORCH_CHECK(d % kLanes == 0 && d <= 256, "decode_attention: head_dim must be a multiple of 16 up to 256");
+  TORCH_CHECK(heads % kv_heads == 0, "decode_attention: ", heads, " heads do not group over ", kv_heads,
+              " kv heads");
+  TORCH_CHECK(tables.dim() == 2 && tables.size(0) == batch && lens.numel() == batch,
+              "decode_attention: block_tables / context_lens do not match the batch");
+  if (batch > 0) {
+    const int64_t longest = lens.max().item<int64_t>(), shortest = lens.min().item<int64_t>();
+    TORCH_CHECK(shortest >= 1 && longest <= tables.size(1) * k_cache.size(2),
+                "decode_attention: context length outside the block table");
+  }
+  at::Tensor out = at::empty({batch, heads * d}, q.options());
+  if (k_cache.scalar_type() == at::kBFloat16) {
+    run<at::BFloat16>(q, k_cache, v_cache, tables, lens, scale, out);
+  } else {
+    TORCH_CHECK(k_cache.scalar_type() == at::kFloat, "decode_attention: cache must be bf16 or float32");
+    run<float>(q, k_cache, v_cache, tables, lens, scale, out);
+  }
+  return out;
+}
+
+#pragma GCC pop_options
+
+TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
+  lib.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, "
+          "float scale) -> Tensor",
+          &decode_attention);
+}
+
+}  // namespace sarathi_kernels

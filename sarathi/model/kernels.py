@@ -1,0 +1,102 @@
+"""Our C++ CPU kernels (AVX-512), built from source on first use:
+
+- `gemm`: bf16 GEMM with float32 accumulation and float32 output (AVX512-BF16, `csrc/bf16_gemm.cpp`).
+  PyTorch's CPU bf16 matmuls round every output to bf16; on SmolLM2 that extra rounding per layer puts the
+  bf16 model's logits error ~1.3x above the floor of "bf16 GEMM inputs, float32 accumulation" (see
+  `benchmarks/bf16_error_budget.py`).
+- `decode_attention`: one-token queries over the paged KV cache read in place (no gather of the context
+  into a buffer), float32 math over bf16 or float32 K/V (`csrc/decode_attention.cpp`).
+
+The extension is compiled with the C++ compiler `torch.utils.cpp_extension` finds, once per source and torch
+version, into the sarathi cache folder (about a minute on 2 cores; later processes load the cached library).
+Where that cannot happen (no compiler, a CPU without AVX512-BF16, or `SARATHI_KERNELS=0`) `available()` is
+False, a one-line notice says why, and callers keep PyTorch's kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+from sarathi.model.embedded import cache_root
+
+logger = logging.getLogger(__name__)
+
+_SOURCES = sorted((Path(__file__).parent / "csrc").glob("*.cpp"))
+_FLAGS = ["-O3", "-fopenmp"]
+_lock = threading.Lock()
+_state: dict[str, object] = {}  # "ok": bool, "why": str once decided
+
+
+def _build_dir() -> Path:
+    key = hashlib.sha256(torch.__version__.encode() + " ".join(_FLAGS).encode())
+    for source in _SOURCES:
+        key.update(source.name.encode() + source.read_bytes())
+    return cache_root() / "kernels" / f"sarathi_kernels-{key.hexdigest()[:16]}"
+
+
+def _load() -> tuple[bool, str]:
+    if os.environ.get("SARATHI_KERNELS", "1") == "0":
+        return False, "SARATHI_KERNELS=0"
+    try:
+        from torch.utils.cpp_extension import load
+    except ImportError as exc:  # pragma: no cover - part of torch
+        return False, f"torch.utils.cpp_extension unavailable ({exc})"
+    build_dir = _build_dir()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        load(
+            name="sarathi_kernels",
+            sources=[str(s) for s in _SOURCES],
+            extra_cflags=_FLAGS,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as exc:  # a missing compiler or failed build: keep PyTorch's kernels
+        return False, f"build failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    if not torch.ops.sarathi_kernels.cpu_supported():
+        return False, "this CPU lacks AVX512-BF16"
+    return True, ""
+
+
+def available() -> bool:
+    """Whether the kernel is built, loaded and runnable on this CPU (builds it on the first call)."""
+    with _lock:
+        if "ok" not in _state:
+            ok, why = _load()
+            _state["ok"], _state["why"] = ok, why
+            if not ok:
+                logger.warning("sarathi's CPU kernels unavailable (%s): using PyTorch's kernels", why)
+        return bool(_state["ok"])
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """The kernel's layout of a [N, K] weight (K even), as bf16; builds or loads the kernel if needed."""
+    if not available():
+        raise RuntimeError(f"sarathi's CPU kernels unavailable: {_state['why']}")
+    return torch.ops.sarathi_kernels.bf16_gemm_pack(weight)
+
+
+def gemm(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., K] (bf16, or float32 rounded to bf16) times the packed weight, + bias: float32 [..., N]."""
+    y = torch.ops.sarathi_kernels.bf16_gemm(x.reshape(-1, x.shape[-1]), packed, out_features, bias)
+    return y.view(*x.shape[:-1], out_features)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """q [B, heads, d] over each row's first `context_lens[b]` cached keys: float32 [B, heads * d]."""
+    return torch.ops.sarathi_kernels.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)

@@ -1,0 +1,112 @@
+"""Our C++ kernels against float64 references computed with PyTorch: the bf16 GEMM (bf16 inputs, float32
+accumulation and output) and decode attention over a paged cache read in place.
+
+Shapes cover odd row counts, widths that are not a multiple of the kernel's 16-column blocks, batch sizes
+1 / 7 / 64, contexts ending on and off block boundaries, and both compiled and generic attention groupings.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sarathi.model import kernels
+from sarathi.model.linear import Linear
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="kernels need a compiler and AVX512-BF16")
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2, 7, 13, 64, 255])
+@pytest.mark.parametrize("in_features,out_features", [(576, 960), (64, 50), (1536, 576), (32, 16), (96, 100)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemm_is_exact_float32_accumulation_of_bf16_products(rows, in_features, out_features, bias):
+    g = torch.Generator().manual_seed(rows * 1000 + out_features)
+    w = torch.randn(out_features, in_features, generator=g).bfloat16()
+    x = torch.randn(rows, in_features, generator=g).bfloat16()
+    b = torch.randn(out_features, generator=g) if bias else None
+    y = kernels.gemm(x, kernels.pack(w), out_features, b)
+    ref = x.double() @ w.double().T + (0 if b is None else b.double())
+    assert y.dtype == torch.float32 and y.shape == (rows, out_features)
+    # bf16 x bf16 products are exact in float32; only float32 summation order differs from float64.
+    scale = max(1.0, ref.abs().max().item()) if rows else 1.0
+    assert torch.allclose(y.double(), ref, rtol=0, atol=1e-5 * in_features**0.5 * scale)
+
+
+def test_gemm_rounds_float32_inputs_to_bf16_and_keeps_leading_dims():
+    w = torch.randn(48, 64).bfloat16()
+    x = torch.randn(2, 3, 64)
+    y = kernels.gemm(x, kernels.pack(w), 48, None)
+    assert y.shape == (2, 3, 48)
+    ref = x.bfloat16().double() @ w.double().T
+    assert (y.double() - ref).abs().max() < 1e-4
+
+
+def test_gemm_refuses_mismatched_shapes():
+    packed = kernels.pack(torch.randn(32, 64).bfloat16())
+    with pytest.raises(RuntimeError, match="features"):
+        kernels.gemm(torch.randn(4, 62).bfloat16(), packed, 32, None)
+    with pytest.raises(RuntimeError, match="even"):
+        kernels.pack(torch.randn(32, 63).bfloat16())
+
+
+def test_bf16_linear_uses_the_kernel_with_float32_output():
+    layer = Linear(64, 40, True, torch.bfloat16)
+    layer.weight.copy_(torch.randn(40, 64))
+    layer.bias.copy_(torch.randn(40))
+    w, b = layer.weight.detach().clone(), layer.bias.detach().clone()
+    assert layer.pack() and layer.output_dtype == torch.float32
+    x = torch.randn(7, 64).bfloat16()
+    y = layer(x)
+    assert y.dtype == torch.float32
+    assert (y.double() - (x.double() @ w.double().T + b.double())).abs().max() < 1e-4
+
+
+def _reference_attention(q, k_cache, v_cache, tables, lens, scale):
+    batch, heads, d = q.shape
+    kv_heads, _, block_size, _ = k_cache.shape
+    rep = heads // kv_heads
+    out = torch.empty(batch, heads * d, dtype=torch.float64)
+    for b in range(batch):
+        n = int(lens[b])
+        blocks = tables[b][: -(-n // block_size)]
+        k = k_cache[:, blocks].reshape(kv_heads, -1, d)[:, :n].double().repeat_interleave(rep, 0)
+        v = v_cache[:, blocks].reshape(kv_heads, -1, d)[:, :n].double().repeat_interleave(rep, 0)
+        probs = (torch.einsum("hd,hkd->hk", q[b].double(), k) * scale).softmax(-1)
+        out[b] = torch.einsum("hk,hkd->hd", probs, v).reshape(-1)
+    return out
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,block_size,lens",
+    [
+        (9, 3, 64, 16, [1]),  # SmolLM2's grouping, batch 1, one key
+        (9, 3, 64, 16, [1, 15, 16, 17, 100, 512, 33]),  # batch 7, around block boundaries
+        (8, 2, 128, 5, [7, 10, 11]),  # odd block size
+        (4, 4, 64, 16, list(range(1, 65))),  # batch 64, every context length 1..64
+        (32, 8, 128, 16, [300, 4]),
+        (12, 1, 48, 16, [40, 3]),  # generic path: head_dim 48, 12 heads per kv head
+    ],
+)
+def test_decode_attention_matches_reference(cache_dtype, heads, kv_heads, head_dim, block_size, lens):
+    g = torch.Generator().manual_seed(len(lens) * 100 + heads)
+    batch, num_blocks = len(lens), 160
+    k_cache = (torch.randn(kv_heads, num_blocks, block_size, head_dim, generator=g) * 2).to(cache_dtype)
+    v_cache = torch.randn(kv_heads, num_blocks, block_size, head_dim, generator=g).to(cache_dtype)
+    width = -(-max(lens) // block_size) + 1  # padded like the engine's block tables
+    tables = torch.stack([torch.randperm(num_blocks, generator=g)[:width] for _ in range(batch)])
+    q = torch.randn(batch, heads, head_dim, generator=g)
+    lens_t = torch.tensor(lens)
+    out = kernels.decode_attention(q, k_cache, v_cache, tables, lens_t, head_dim**-0.5)
+    ref = _reference_attention(q, k_cache, v_cache, tables, lens_t, head_dim**-0.5)
+    assert out.dtype == torch.float32 and out.shape == (batch, heads * head_dim)
+    assert (out.double() - ref).abs().max() < 1e-5
+
+
+def test_decode_attention_refuses_contexts_outside_the_table():
+    k = torch.zeros(1, 4, 16, 64, dtype=torch.bfloat16)
+    tables = torch.zeros(1, 2, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="context length"):
+        kernels.decode_attention(torch.zeros(1, 2, 64), k, k, tables, torch.tensor([33]), 0.1)
+    with pytest.raises(RuntimeError, match="context length"):
+        kernels.decode_attention(torch.zeros(1, 2, 64), k, k, tables, torch.tensor([0]), 0.1)
