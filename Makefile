@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-all lint demo bench clean
+.PHONY: setup kernels test test-all lint demo bench clean
 
 setup: $(STAMP)
 
@@ -21,14 +21,18 @@ $(STAMP): pyproject.toml
 lint: setup
 	$(BIN)/ruff check .
 
-test: setup lint
+# Builds our C++ kernels once into the cache folder (later runs load them); falls back with a notice.
+kernels: setup
+	$(BIN)/python -c "from sarathi.model.kernels import main; main()"
+
+test: setup lint kernels
 	$(BIN)/python -m pytest -q
 
 # Includes the slow, benchmark-grade tests that `make test` skips.
 test-all: setup
 	$(BIN)/python -m pytest -q -m ''
 
-demo: setup
+demo: setup kernels
 	$(BIN)/python scripts/demo.py
 
 bench: setup

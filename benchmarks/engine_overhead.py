@@ -7,7 +7,7 @@ scheduler's step accounting, detokenization + stop strings + ``RequestOutput``s,
 iteration's outputs the way the engine core sends them to the API process. The engine's overhead is
 everything but the forward pass, as a share of the iteration (target: <= 5%).
 
-    python benchmarks/engine_overhead.py [--running 64 --prompt-len 32 --output-len 48 --dtype float32]
+    python benchmarks/engine_overhead.py [--running 64 --prompt-len 32 --output-len 48 --dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def main() -> None:
     ap.add_argument("--running", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=48)
-    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     args = ap.parse_args()
     result = measure(args.running, args.prompt_len, args.output_len, args.dtype)
     m = result["median_s"]

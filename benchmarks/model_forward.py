@@ -5,6 +5,10 @@ Decode: B sequences, one new token each, every sequence with CONTEXT tokens alre
 Precisions: float32; bfloat16 (bf16 weights and KV cache, fp32 math); bf16-math (--compute-dtype bfloat16).
 HF decode uses a DynamicCache pre-filled with random K/V of the same length, cropped back after each step.
 
+Floors, measured in the same run: bytes floor = bytes read (weights, plus K/V for decodes) / measured read
+bandwidth (the faster of summing a 512 MiB fp32 or bf16 tensor); compute floor = FLOPs / measured matmul rate
+in the compute dtype (a 2048^3 GEMM; bf16 through our kernel where it runs); a case's floor is the larger.
+
 Each number is the median of REPS repetitions; a repetition is repeated (up to 5 tries) when other processes
 used more than 8% of the machine during it (this machine's cores are shared), and the worst foreign load
 accepted is printed. Run: .venv/bin/python benchmarks/model_forward.py [--quick] [--no-hf]
@@ -33,6 +37,7 @@ BLOCK_SIZE = 16
 CONTEXT = 512
 PREFILL_TOKENS = (16, 64, 256)
 DECODE_BATCHES = (1, 8, 32)
+MIXED_CHUNK, MIXED_CHUNK_START, MIXED_DECODES = 64, 256, 16
 MAX_FOREIGN_LOAD = 0.08
 MIN_REP_SECONDS = 0.2
 # (weights and KV cache, matmul arithmetic)
@@ -89,6 +94,52 @@ def _once(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
+def machine_rates() -> dict[str, float]:
+    """Read bandwidth (bytes/s) and matmul rates (FLOP/s) in fp32 and bf16, measured now."""
+    from sarathi.model import kernels
+
+    rates = {}
+    best = 0.0
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.ones(512 * 2**20 // torch.empty((), dtype=dtype).element_size(), dtype=dtype)
+        seconds, _ = timed(lambda x=x: x.sum(), 3)
+        best = max(best, x.numel() * x.element_size() / seconds)
+        del x
+    rates["read_bytes_per_s"] = best
+    n = 2048
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    rates["float32_flops"] = 2 * n**3 / timed(lambda: a @ b, 3)[0]
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    bf16 = 2 * n**3 / timed(lambda: a16 @ b16, 3)[0]
+    if kernels.available():
+        packed = kernels.pack(b16)
+        bf16 = max(bf16, 2 * n**3 / timed(lambda: kernels.gemm(a16, packed, n, None), 3)[0])
+    rates["bfloat16_flops"] = bf16
+    return rates
+
+
+def floor_seconds(arch, dtype, compute, case: str, tokens: int, rates: dict[str, float]) -> float:
+    """The larger of the bytes floor and the compute floor of one case (see the module docstring)."""
+    h, hd, layers = arch.hidden_size, arch.head_dim, arch.num_hidden_layers
+    heads, kv_heads = arch.num_attention_heads, arch.num_key_value_heads
+    per_layer = h * (heads + 2 * kv_heads) * hd + heads * hd * h + 3 * h * arch.intermediate_size
+    elsize = torch.empty((), dtype=dtype).element_size()
+    decodes, chunk, chunk_start = tokens, 0, 0  # decode case
+    if case.startswith("prefill"):
+        decodes, chunk = 0, tokens
+    elif case.startswith("mixed"):
+        decodes, chunk, chunk_start = MIXED_DECODES, MIXED_CHUNK, MIXED_CHUNK_START
+    logit_rows = decodes + (1 if chunk else 0)
+    weight_bytes = (layers * per_layer + h * arch.vocab_size) * elsize
+    kv_bytes = (decodes * CONTEXT + (chunk_start if chunk else 0)) * layers * kv_heads * hd * 2 * elsize
+    flops = 2 * layers * per_layer * tokens + 2 * h * arch.vocab_size * logit_rows
+    # q.k and p.v: 4 FLOPs per (query, key, head dim); a chunk's queries see the cached keys and half its own
+    keys_seen = decodes * CONTEXT + chunk * (chunk_start + chunk / 2)
+    flops += 4 * keys_seen * heads * hd * layers
+    rate = rates["bfloat16_flops" if compute == torch.bfloat16 else "float32_flops"]
+    return max((weight_bytes + kv_bytes) / rates["read_bytes_per_s"], flops / rate)
+
+
 def ours_prefill(model, arch, dtype, tokens: int) -> Callable[[], object]:
     """One prefill chunk of `tokens` tokens from position 0."""
     blocks = -(-tokens // BLOCK_SIZE)
@@ -108,6 +159,24 @@ def ours_decode(model, arch, dtype, batch: int) -> Callable[[], object]:
     meta = build_attention_metadata(slices, BLOCK_SIZE)
     ids = torch.randint(0, arch.vocab_size, (batch,), generator=torch.Generator().manual_seed(0))
     rows = torch.arange(batch)
+    return lambda: model(ids, meta.positions, meta, kv, rows)
+
+
+def ours_mixed(model, arch, dtype) -> Callable[[], object]:
+    """One stall-free iteration: a MIXED_CHUNK-token prefill chunk (MIXED_CHUNK_START tokens of its prompt
+    already cached) with MIXED_DECODES decodes of CONTEXT cached tokens."""
+    per_seq = -(-(CONTEXT + 1) // BLOCK_SIZE)
+    chunk_blocks = -(-(MIXED_CHUNK_START + MIXED_CHUNK) // BLOCK_SIZE)
+    total = MIXED_DECODES * per_seq + chunk_blocks
+    kv = allocate_kv_cache(arch, total, BLOCK_SIZE, dtype)
+    pool = torch.randperm(total, generator=torch.Generator().manual_seed(0)).tolist()
+    slices = [SeqSlice(pool[:chunk_blocks], MIXED_CHUNK_START, MIXED_CHUNK)]
+    rest = pool[chunk_blocks:]
+    slices += [SeqSlice(rest[i * per_seq : (i + 1) * per_seq], CONTEXT, 1) for i in range(MIXED_DECODES)]
+    meta = build_attention_metadata(slices, BLOCK_SIZE)
+    tokens = MIXED_CHUNK + MIXED_DECODES
+    ids = torch.randint(0, arch.vocab_size, (tokens,), generator=torch.Generator().manual_seed(0))
+    rows = torch.tensor([MIXED_CHUNK - 1, *range(MIXED_CHUNK, tokens)])
     return lambda: model(ids, meta.positions, meta, kv, rows)
 
 
@@ -154,6 +223,11 @@ def main() -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, block_size {BLOCK_SIZE}, "
         f"decode context {CONTEXT}; ms per forward (median of {reps}), [worst foreign load]"
     )
+    rates = machine_rates()
+    print(
+        f"measured: read {rates['read_bytes_per_s'] / 1e9:.1f} GB/s, matmul fp32 "
+        f"{rates['float32_flops'] / 1e9:.0f} GFLOP/s, bf16 {rates['bfloat16_flops'] / 1e9:.0f} GFLOP/s"
+    )
     rows = []
     for dtype, compute in PRECISIONS:
         model, arch, _ = load_model(None, dtype=dtype, compute_dtype=compute)
@@ -172,12 +246,28 @@ def main() -> None:
             (f"decode B={b}", ours_decode(model, arch, dtype, b), hf and hf_decode(hf, arch, compute, b), b)
             for b in DECODE_BATCHES
         ]
+        cases.append(
+            (
+                f"mixed {MIXED_CHUNK}+{MIXED_DECODES}d",
+                ours_mixed(model, arch, dtype),
+                None,
+                MIXED_CHUNK + MIXED_DECODES,
+            )
+        )
         for label, ours_fn, hf_fn, tokens in cases:
             ours_s, ours_load = timed(ours_fn, reps)
-            row = {"dtype": name, "case": label, "ours_ms": ours_s * 1e3, "ours_foreign_load": ours_load}
+            floor = floor_seconds(arch, dtype, compute, label, tokens, rates)
+            row = {
+                "dtype": name,
+                "case": label,
+                "ours_ms": ours_s * 1e3,
+                "ours_foreign_load": ours_load,
+                "floor_ms": floor * 1e3,
+                "x_floor": ours_s / floor,
+            }
             line = (
                 f"{name:10s} {label:14s} ours {ours_s * 1e3:8.1f} ms ({tokens / ours_s:7.0f} tok/s) "
-                f"[{ours_load:.0%}]"
+                f"[{ours_load:.0%}]  floor {floor * 1e3:6.1f} ms ({ours_s / floor:4.1f}x)"
             )
             if hf_fn is not None:
                 hf_s, hf_load = timed(hf_fn, reps)
@@ -186,7 +276,7 @@ def main() -> None:
             rows.append(row)
             print(line, flush=True)
         del model, hf
-    settings = {"reps": reps, "block_size": BLOCK_SIZE, "decode_context": CONTEXT}
+    settings = {"reps": reps, "block_size": BLOCK_SIZE, "decode_context": CONTEXT, "rates": rates}
     print(f"saved {save_result('model_forward', rows, settings)}")
 
 

@@ -38,7 +38,7 @@ def main() -> int:
     parser.add_argument("--load", type=float, default=0.75, help="fraction of sarathi's capacity")
     parser.add_argument("--token-budget", default="64")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--output-dir", default="demo_results")
     args = parser.parse_args()
     if args.qps is None:

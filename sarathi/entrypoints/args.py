@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from sarathi.config import (
+    COMPUTE_DTYPES,
     DEFAULT_MAX_NUM_SEQS,
     DEFAULT_TOKEN_BUDGET,
     DTYPES,
@@ -23,12 +24,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--model", default=None, help="HF checkpoint folder or .gguf file (default: embedded SmolLM2)"
     )
     m.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"])
-    m.add_argument("--dtype", default="float32", choices=DTYPES, help="weights and KV cache")
+    m.add_argument(
+        "--dtype", default="bfloat16", choices=DTYPES, help="weights and KV cache (float32: exact, slower)"
+    )
     m.add_argument(
         "--compute-dtype",
-        default="float32",
-        choices=DTYPES,
-        help="matmul arithmetic; bfloat16 (needs --dtype bfloat16) is faster, with ~2x the logits error",
+        default="auto",
+        choices=COMPUTE_DTYPES,
+        help="matmul arithmetic: bfloat16 (bf16 inputs, fp32 accumulation; needs --dtype bfloat16), float32, "
+        "or auto (bfloat16 where our AVX512-BF16 kernel runs, else float32)",
     )
     m.add_argument("--max-model-len", type=int, default=None)
     m.add_argument("--seed", type=int, default=0)

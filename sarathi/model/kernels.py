@@ -100,3 +100,15 @@ def decode_attention(
 ) -> torch.Tensor:
     """q [B, heads, d] over each row's first `context_lens[b]` cached keys: float32 [B, heads * d]."""
     return torch.ops.sarathi_kernels.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def main() -> None:
+    """Build (or load) the kernels now and say whether they run here (`make kernels`)."""
+    import time
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    start = time.perf_counter()
+    ok = available()
+    took = time.perf_counter() - start
+    print(f"sarathi kernels: {'ready' if ok else 'unavailable, using PyTorch kernels'} ({took:.1f} s)")
+

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from sarathi.model import kernels
 from sarathi.model.config import ModelArchConfig
 from sarathi.model.gguf_loader import GGUFCheckpoint
 from sarathi.model.llama import LlamaForCausalLM
@@ -19,6 +20,14 @@ from sarathi.model.safetensors_folder import (
 from sarathi.model.weight_parts import TensorPart
 
 DUMMY_INIT_STD = 0.02  # HF's default initializer_range
+
+
+def resolve_compute_dtype(dtype: torch.dtype, compute_dtype: str) -> torch.dtype:
+    """The matmul dtype for a config's `compute_dtype` name: 'auto' is bfloat16 for bf16 weights where our
+    bf16 GEMM kernel runs (bf16 inputs, float32 accumulation), else float32."""
+    if compute_dtype == "auto":
+        return torch.bfloat16 if dtype == torch.bfloat16 and kernels.available() else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[compute_dtype]
 
 
 def load_model(

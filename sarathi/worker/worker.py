@@ -13,6 +13,7 @@ import torch
 from sarathi.config import EngineConfig
 from sarathi.executor.messages import SampledToken, StageTiming, StepInput, StepOutput
 from sarathi.model import allocate_kv_cache, load_model
+from sarathi.model.loader import resolve_compute_dtype
 from sarathi.model.parallel import WHOLE_MODEL, ParallelContext, ShardSpec, TensorParallelGroup
 from sarathi.worker.grammar_masks import GrammarMasks
 from sarathi.worker.model_runner import ModelRunner, RequestState
@@ -42,7 +43,7 @@ class Worker:
             mc.model,
             load_format=mc.load_format,
             dtype=self.dtype,
-            compute_dtype=TORCH_DTYPES[mc.compute_dtype],
+            compute_dtype=resolve_compute_dtype(self.dtype, mc.compute_dtype),
             hf_config=mc.hf_config,
             seed=mc.seed,
             shard=shard,

@@ -25,7 +25,9 @@ def test_flags_map_to_the_engine_config():
         "bfloat16",
     )
     assert c.scheduler.chunk_schedule is None
-    assert c.model.compute_dtype == "float32"
+    assert c.model.compute_dtype == "auto"
+    default = _config()
+    assert (default.model.dtype, default.model.compute_dtype) == ("bfloat16", "auto")
     fast = _config("--dtype", "bfloat16", "--compute-dtype", "bfloat16")
     assert (fast.model.dtype, fast.model.compute_dtype) == ("bfloat16", "bfloat16")
     dyn = _config("--token-budget", "256", "--low-chunk-size", "32", "--chunk-schedule-stages", "3")
@@ -44,7 +46,7 @@ def test_bad_flag_values_are_named():
     with pytest.raises(ValueError, match="give either num_kv_blocks or kv_cache_memory_gib"):
         _config("--num-kv-blocks", "10", "--kv-cache-memory", "1")
     with pytest.raises(ValueError, match="compute_dtype 'bfloat16' needs dtype 'bfloat16'"):
-        _config("--compute-dtype", "bfloat16")
+        _config("--dtype", "float32", "--compute-dtype", "bfloat16")
 
 
 def test_generate_command_prints_the_answer(capsys):

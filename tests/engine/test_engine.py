@@ -14,7 +14,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return LLM(num_kv_blocks=128, max_model_len=512)
+    # float32: these tests compare log-probabilities with transformers' fp32 model.
+    return LLM(num_kv_blocks=128, max_model_len=512, dtype="float32")
 
 
 def _drain(engine: LLMEngine) -> dict:
@@ -223,7 +224,7 @@ def test_config_errors_name_the_problem():
     with pytest.raises(ValueError, match="unknown compute_dtype 'half'"):
         engine_config(compute_dtype="half")
     with pytest.raises(ValueError, match="compute_dtype 'bfloat16' needs dtype 'bfloat16'"):
-        engine_config(compute_dtype="bfloat16")
+        engine_config(dtype="float32", compute_dtype="bfloat16")
     with pytest.raises(ValueError, match="max_model_len 100000 exceeds"):
         LLM(max_model_len=100_000, num_kv_blocks=8)
 
@@ -248,7 +249,7 @@ def test_bf16_weights_halve_kv_memory_and_still_answer(compute_dtype):
     """--dtype bfloat16 stores weights and KV cache in bf16 (twice the blocks for the same memory budget),
     with fp32 or bf16 math."""
     budget = 0.05  # GiB
-    fp32_blocks = LLMEngine(engine_config(kv_cache_memory_gib=budget)).num_kv_blocks
+    fp32_blocks = LLMEngine(engine_config(kv_cache_memory_gib=budget, dtype="float32")).num_kv_blocks
     bf16 = LLM(dtype="bfloat16", compute_dtype=compute_dtype, kv_cache_memory_gib=budget, max_model_len=512)
     engine = bf16.engine
     assert engine.num_kv_blocks // 2 == fp32_blocks  # (budget // half a block: maybe one more)
@@ -256,6 +257,19 @@ def test_bf16_weights_halve_kv_memory_and_still_answer(compute_dtype):
     assert all(t.dtype.is_floating_point and t.element_size() == 2 for kv in worker.kv_caches for t in kv)
     assert worker.model.compute_dtype == getattr(torch, compute_dtype)
     out = bf16.chat(QUESTION, SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)[0]
+    assert "Paris" in out.text
+
+
+def test_default_is_bf16_with_bf16_math_where_the_kernel_runs():
+    """The serving default: bf16 weights and KV cache; bf16 GEMM inputs with fp32 accumulation where our
+    kernel runs (else fp32 math)."""
+    from sarathi.model import kernels
+
+    llm = LLM(num_kv_blocks=64, max_model_len=256)
+    worker = llm.engine.executor.worker
+    assert worker.dtype == torch.bfloat16
+    assert worker.model.compute_dtype == (torch.bfloat16 if kernels.available() else torch.float32)
+    out = llm.chat(QUESTION, SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)[0]
     assert "Paris" in out.text
 
 

@@ -103,7 +103,7 @@ def hf_model(smollm2_path):
 @pytest.fixture(scope="module")
 def plain_llm() -> LLM:
     """No prefix cache: computes the references."""
-    return LLM(scheduler="sarathi", num_kv_blocks=256, enable_prefix_caching=False)
+    return LLM(dtype="float32", scheduler="sarathi", num_kv_blocks=256, enable_prefix_caching=False)
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +139,7 @@ def test_prompt_set_is_mixed(prompts):
 @pytest.mark.parametrize("name", list(CONFIGS) + list(PARALLEL_CONFIGS))
 def test_same_tokens_under_every_schedule(name, prompts, reference, hf_model):
     config = CONFIGS.get(name) or PARALLEL_CONFIGS[name]
-    with LLM(**config) as llm:
+    with LLM(dtype="float32", **config) as llm:
         outs = llm.generate(prompts, PARAMS, use_tqdm=False)
         stats = list(llm.engine.stats)
         used_blocks = llm.engine.block_manager.num_used_blocks
@@ -155,7 +155,7 @@ def test_same_tokens_under_every_schedule(name, prompts, reference, hf_model):
 def test_aborts_in_flight_spare_the_others(parallel, prompts, reference, hf_model):
     """Every third request is aborted after a few iterations, some of them while in a micro-batch that
     is still running; the others produce the reference tokens and every block comes back."""
-    with LLM(scheduler="sarathi", token_budget=64, **parallel) as llm:
+    with LLM(dtype="float32", scheduler="sarathi", token_budget=64, **parallel) as llm:
         engine = llm.engine
         for i, p in enumerate(prompts):
             engine.add_request(f"r{i}", p, PARAMS)
@@ -216,7 +216,7 @@ def test_prefix_cache_keeps_outputs(name, shared_prompts, shared_reference, hf_m
     """Shared prefixes are reused (from a first request, from each other, and on readmission after
     preemption) and the greedy tokens equal those computed without a cache."""
     config = SHARED_CONFIGS[name]
-    with LLM(**config) as llm:
+    with LLM(dtype="float32", **config) as llm:
         first = llm.generate(shared_prompts[:1], SHARED_PARAMS, use_tqdm=False)
         outs = llm.generate(shared_prompts[1:], SHARED_PARAMS, use_tqdm=False)
         stats = list(llm.engine.stats)

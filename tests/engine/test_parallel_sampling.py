@@ -19,7 +19,7 @@ PROMPT = (
 @pytest.fixture(scope="module")
 def llm() -> LLM:
     # A budget of 16 splits the prompt into several chunks.
-    return LLM(num_kv_blocks=256, max_model_len=512, token_budget=16)
+    return LLM(num_kv_blocks=256, max_model_len=512, token_budget=16, dtype="float32")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """``distributed_executor_backend="ray"``: Ray actors (on a local instance bound to 127.0.0.1) produce the
-single-process engine's greedy tokens under pipeline and tensor parallelism, also with preemptions; a killed
-actor or a late step fails the engine naming the ranks; placement fails clearly when no CPU is free."""
+single-process engine's greedy tokens (exactly, in float32) under pipeline and tensor parallelism, also with
+preemptions; a killed actor or a late step fails the engine naming the ranks; placement fails clearly when no
+CPU is free."""
 
 from __future__ import annotations
 
@@ -54,14 +55,14 @@ def prompts(smollm2_tokenizer) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def reference(prompts) -> list[list[int]]:
-    with LLM(num_kv_blocks=256) as llm:
+    with LLM(num_kv_blocks=256, dtype="float32") as llm:
         return [o.token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)]
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_same_tokens_as_one_process_then_a_timeout(name, prompts, reference):
     config = CONFIGS[name]
-    with LLM(distributed_executor_backend="ray", **config) as llm:
+    with LLM(distributed_executor_backend="ray", dtype="float32", **config) as llm:
         executor = llm.engine.executor
         assert isinstance(executor, RayExecutor) and len(executor.actors) == 2
         assert executor.max_in_flight == config.get("pipeline_parallel_size", 1)

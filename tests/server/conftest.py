@@ -146,7 +146,7 @@ def check_sigterm_finishes_in_flight_requests(srv: ServerProcess) -> None:
 @pytest.fixture(scope="session")
 def server():
     """One server for the whole session: the embedded model, fp32, default scheduler."""
-    srv = ServerProcess("--num-kv-blocks", "2048")
+    srv = ServerProcess("--num-kv-blocks", "2048", "--dtype", "float32")
     yield srv
     srv.stop()
 
