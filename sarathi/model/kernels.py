@@ -111,4 +111,3 @@ def main() -> None:
     ok = available()
     took = time.perf_counter() - start
     print(f"sarathi kernels: {'ready' if ok else 'unavailable, using PyTorch kernels'} ({took:.1f} s)")
-
