@@ -6,6 +6,7 @@
   `benchmarks/bf16_error_budget.py`).
 - `decode_attention`: one-token queries over the paged KV cache read in place (no gather of the context
   into a buffer), float32 math over bf16 or float32 K/V (`csrc/decode_attention.cpp`).
+- `argmax_rows`: torch.argmax(dim=-1) for float32 logits, vectorized (`csrc/argmax.cpp`).
 
 The extension is compiled with the C++ compiler `torch.utils.cpp_extension` finds, once per source and torch
 version, into the sarathi cache folder (about a minute on 2 cores; later processes load the cached library).
@@ -100,6 +101,13 @@ def decode_attention(
 ) -> torch.Tensor:
     """q [B, heads, d] over each row's first `context_lens[b]` cached keys: float32 [B, heads * d]."""
     return torch.ops.sarathi_kernels.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(logits, dim=-1) for a [rows, vocab] tensor: our kernel on CPU where it runs."""
+    if logits.device.type != "cpu" or logits.dim() != 2 or logits.shape[1] == 0 or not available():
+        return logits.argmax(dim=-1)
+    return torch.ops.sarathi_kernels.argmax_rows(logits)
 
 
 def main() -> None:

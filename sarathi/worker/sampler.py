@@ -8,6 +8,7 @@ import os
 import torch
 
 from sarathi.executor.messages import SampledToken
+from sarathi.model.kernels import argmax_rows
 from sarathi.outputs import TokenLogprob
 from sarathi.sampling_params import SamplingParams
 from sarathi.worker.logits_processing import apply_bias_and_penalties, apply_min_p
@@ -92,7 +93,7 @@ class Sampler:
         logits = self._mask_early_stops(logits, params, steps)
         logits = apply_bias_and_penalties(logits, params, steps, token_ids)
         logits = apply_min_p(logits, params)
-        tokens = logits.argmax(dim=-1).tolist()
+        tokens = argmax_rows(logits).tolist()
         for i, p in enumerate(params):
             if not p.greedy:
                 gen = self._unseeded if p.seed is None else step_generator(p.seed, steps[i])

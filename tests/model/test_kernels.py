@@ -110,3 +110,19 @@ def test_decode_attention_refuses_contexts_outside_the_table():
         kernels.decode_attention(torch.zeros(1, 2, 64), k, k, tables, torch.tensor([33]), 0.1)
     with pytest.raises(RuntimeError, match="context length"):
         kernels.decode_attention(torch.zeros(1, 2, 64), k, k, tables, torch.tensor([0]), 0.1)
+
+
+@pytest.mark.parametrize("shape", [(64, 49152), (1, 49152), (7, 50), (3, 5), (5, 17), (3, 64), (4, 129)])
+def test_argmax_rows_is_torch_argmax(shape):
+    g = torch.Generator().manual_seed(shape[1])
+    for x in (torch.randn(shape, generator=g), torch.randint(0, 3, shape, generator=g).float()):  # ties too
+        assert torch.equal(kernels.argmax_rows(x), x.argmax(-1))
+
+
+def test_argmax_rows_first_tie_and_nan_like_torch():
+    x = torch.zeros(5, 200)
+    x[1, 30] = x[1, 170] = 1.0  # a tie: the first wins
+    x[2, 140] = x[2, 190] = float("nan")  # NaN is the largest; its first occurrence wins
+    x[3, 5], x[3, 99] = float("inf"), float("nan")
+    x[4] = float("-inf")
+    assert kernels.argmax_rows(x).tolist() == x.argmax(-1).tolist() == [0, 30, 140, 99, 0]
