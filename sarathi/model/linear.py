@@ -133,6 +133,8 @@ class Linear(nn.Module):
         if self._bf16_packed is not None:
             return kernels.gemm(x, self._bf16_packed, self.out_features, self.bias)
         if self._packed is not None:
+            if x.dtype != self.compute_dtype:  # e.g. float32 attention output into a bf16 layer
+                x = x.to(self.compute_dtype)
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         if self._fp16_packed is not None:
             y = torch.ops.quantized.linear_dynamic_fp16(x, self._fp16_packed)

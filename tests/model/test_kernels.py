@@ -7,6 +7,10 @@ Shapes cover odd row counts, widths that are not a multiple of the kernel's 16-c
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -126,3 +130,25 @@ def test_argmax_rows_first_tie_and_nan_like_torch():
     x[3, 5], x[3, 99] = float("inf"), float("nan")
     x[4] = float("-inf")
     assert kernels.argmax_rows(x).tolist() == x.argmax(-1).tolist() == [0, 30, 140, 99, 0]
+
+
+def test_without_kernels_pytorch_serves_and_auto_means_float32():
+    """SARATHI_KERNELS=0 (as on a CPU without AVX512-BF16): a notice, PyTorch's kernels, and `auto` compute
+    resolving to float32; explicit bf16 math still runs (on oneDNN's bf16 GEMMs)."""
+    code = (
+        "import torch\n"
+        "from sarathi import LLM, SamplingParams\n"
+        "from sarathi.model import kernels\n"
+        "assert not kernels.available()\n"
+        "p = SamplingParams(temperature=0.0, max_tokens=8)\n"
+        "for compute, expected in (('auto', torch.float32), ('bfloat16', torch.bfloat16)):\n"
+        "    llm = LLM(num_kv_blocks=32, max_model_len=128, compute_dtype=compute)\n"
+        "    assert llm.engine.executor.worker.model.compute_dtype == expected\n"
+        "    out = llm.generate('The capital of France is', p, use_tqdm=False)[0]\n"
+        "    assert 'Paris' in out.text, out.text\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "SARATHI_KERNELS": "0"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+    assert "SARATHI_KERNELS=0" in done.stderr  # the one-line notice
