@@ -3,7 +3,8 @@
 Cache layout per layer: k and v are [num_kv_heads, num_blocks, block_size, head_dim]. Viewed as rows of
 [num_kv_heads * num_blocks, block_size * head_dim], one row is one (kv head, block): reading a sequence's
 context is a single `index_select` of whole blocks, and its result is already laid out as
-[sequences * kv_heads, keys, head_dim], the batch-of-matrices shape that grouped matmuls want.
+[sequences * kv_heads, keys, head_dim], the batch-of-matrices shape that grouped matmuls want. Decodes skip
+that gather where our kernel runs (`kernels.decode_attention` reads the blocks in place).
 """
 
 from __future__ import annotations
