@@ -5,6 +5,8 @@ alone without prefix caching; every other configuration (prefix caching is on by
 same token ids. A second, smaller set of prompts sharing long prefixes checks caching on against off. A
 difference is accepted only if it is a proven near-tie: at the first differing step, the two tokens are the
 reference model's top two and their logits differ by less than 1e-4; comparison of that prompt stops there.
+The serving default (bf16) is held to the same rule against the float32 reference, with a near-tie as wide
+as bf16's error (BF16_NEAR_TIE).
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from sarathi import LLM, SamplingParams
 NUM_PROMPTS = 32
 MAX_TOKENS = 32
 NEAR_TIE = 1e-4
+# The serving default (bf16 weights, KV cache and GEMM inputs) moves a logit by ~1e-2 of the logits' scale:
+# over 300 positions of these prompts the gap between fp32's top two logits changed by at most 0.155 (p99
+# 0.104). A bf16 greedy token that differs from fp32's must be one of fp32's top two with a smaller gap.
+BF16_NEAR_TIE = 0.25
 PARAMS = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 CONFIGS = {
@@ -112,8 +118,9 @@ def reference(prompts, plain_llm) -> list[list[int]]:
     return [plain_llm.generate([p], PARAMS, use_tqdm=False)[0].token_ids for p in prompts]
 
 
-def _check_same(prompts, expected, got, hf_model, label: str) -> None:
-    """Assert equal token ids, except after a proven near-tie."""
+def _check_same(prompts, expected, got, hf_model, label: str, near_tie: float = NEAR_TIE) -> int:
+    """Assert equal token ids, except after a proven near-tie; returns how many prompts diverged."""
+    diverged = 0
     for i, (prompt, exp, out) in enumerate(zip(prompts, expected, got, strict=True)):
         assert len(out) == len(exp), f"{label}: prompt {i} produced {len(out)} tokens, expected {len(exp)}"
         diff = next((j for j, (a, b) in enumerate(zip(exp, out, strict=True)) if a != b), None)
@@ -123,17 +130,29 @@ def _check_same(prompts, expected, got, hf_model, label: str) -> None:
             logits = hf_model(torch.tensor([prompt + exp[:diff]])).logits[0, -1]
         top2 = torch.topk(logits, 2)
         gap = float(top2.values[0] - top2.values[1])
-        assert {exp[diff], out[diff]} == set(top2.indices.tolist()) and gap < NEAR_TIE, (
+        assert {exp[diff], out[diff]} == set(top2.indices.tolist()) and gap < near_tie, (
             f"{label}: prompt {i} (length {len(prompt)}) differs at output step {diff}: "
             f"expected {exp[diff]}, got {out[diff]}; "
             f"top-2 {top2.indices.tolist()} gap {gap:.2e} is no near-tie"
         )
         warnings.warn(f"{label}: prompt {i} took the other side of a near-tie (gap {gap:.1e})", stacklevel=2)
+        diverged += 1
+    return diverged
 
 
 def test_prompt_set_is_mixed(prompts):
     lengths = [len(p) for p in prompts]
     assert len(prompts) >= 32 and min(lengths) == 5 and max(lengths) == 600
+
+
+def test_bf16_default_matches_float32_except_near_ties(prompts, reference, hf_model):
+    """The serving default (bf16, bf16 math where our kernel runs) gives float32's greedy tokens, except where
+    a token is one of float32's top two within bf16's error of each other (measured: 23 of 32 prompts
+    identical over 32 tokens; the other 9 split at fp32 gaps of 0.002-0.091)."""
+    with LLM(num_kv_blocks=512) as llm:
+        outs = llm.generate(prompts, PARAMS, use_tqdm=False)
+    diverged = _check_same(prompts, reference, [o.token_ids for o in outs], hf_model, "bf16", BF16_NEAR_TIE)
+    assert diverged <= len(prompts) // 2, f"{diverged} of {len(prompts)} prompts diverged from float32"
 
 
 @pytest.mark.parametrize("name", list(CONFIGS) + list(PARALLEL_CONFIGS))
