@@ -7,6 +7,8 @@
 - `decode_attention`: one-token queries over the paged KV cache read in place (no gather of the context
   into a buffer), float32 math over bf16 or float32 K/V (`csrc/decode_attention.cpp`).
 - `argmax_rows`: torch.argmax(dim=-1) for float32 logits, vectorized (`csrc/argmax.cpp`).
+- `silu_mul_bf16`, `add_rms_norm_bf16`: a bf16-math layer's elementwise steps fused, one pass each
+  (`csrc/elementwise.cpp`).
 
 The extension is compiled with the C++ compiler `torch.utils.cpp_extension` finds, once per source and torch
 version, into the sarathi cache folder (about a minute on 2 cores; later processes load the cached library).
@@ -101,6 +103,18 @@ def decode_attention(
 ) -> torch.Tensor:
     """q [B, heads, d] over each row's first `context_lens[b]` cached keys: float32 [B, heads * d]."""
     return torch.ops.sarathi_kernels.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def silu_mul_bf16(gate_up: torch.Tensor) -> torch.Tensor:
+    """bf16(silu(gate) * up) from float32 [T, 2I] = [gate | up]: bf16 [T, I]."""
+    return torch.ops.sarathi_kernels.silu_mul_bf16(gate_up)
+
+
+def add_rms_norm_bf16(
+    residual: torch.Tensor, x: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """residual += x in place (float32 [T, H]; skipped when x is None); returns bf16(rms_norm(residual))."""
+    return torch.ops.sarathi_kernels.add_rms_norm_bf16(residual, x, weight, eps)
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:

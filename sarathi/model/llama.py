@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sarathi.model import kernels
 from sarathi.model.attention import AttentionMetadata
 from sarathi.model.config import ModelArchConfig
 from sarathi.model.linear import Linear
@@ -50,6 +51,11 @@ class Dtypes:
     def linear(self, device: torch.device | str) -> tuple[torch.dtype, torch.device | str, torch.dtype]:
         """The (dtype, device, compute_dtype) arguments of a `Linear` built with these dtypes."""
         return self.storage, device, self.compute
+
+    def fused(self, device: torch.device | str) -> bool:
+        """Whether a layer runs its elementwise steps through our fused kernels (bf16 math on a CPU where
+        they run)."""
+        return self.compute == torch.bfloat16 and torch.device(device).type == "cpu" and kernels.available()
 
 
 class RMSNorm(nn.Module):
@@ -126,14 +132,17 @@ class MLP(nn.Module):
         super().__init__()
         start, end = shard.column_range(arch.intermediate_size)
         width, hidden = end - start, arch.hidden_size
-        self.tp = tp
+        self.tp, self.fused = tp, dtypes.fused(device)
         self.gate_up_proj = Linear(hidden, 2 * width, arch.mlp_bias, *dtypes.linear(device))
         down_bias = arch.mlp_bias and shard.tp_rank == 0  # added once to the sum over TP ranks
         self.down_proj = Linear(width, hidden, down_bias, *dtypes.linear(device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.fused and gate_up.dtype == torch.float32:
+            return _row_parallel_output(self.down_proj(kernels.silu_mul_bf16(gate_up)), self.tp)
+        gate, up = gate_up.chunk(2, dim=-1)
         return _row_parallel_output(self.down_proj(F.silu(gate) * up), self.tp)
 
 
@@ -153,6 +162,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(arch, dtypes, device, shard, tp)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtypes.compute, device)
         self.mlp = MLP(arch, dtypes, device, shard, tp)
+        self.fused, self.eps = dtypes.fused(device), arch.rms_norm_eps
 
     def forward(
         self,
@@ -163,7 +173,12 @@ class DecoderLayer(nn.Module):
         plan: CacheReadPlan,
         kv: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        """h [T, hidden] float32 -> [T, hidden] float32."""
+        """h [T, hidden] float32 -> [T, hidden] float32 (fused: updated in place and returned)."""
+        if self.fused:  # the residual adds happen in place, inside the norms' single pass
+            x = kernels.add_rms_norm_bf16(h, None, self.input_layernorm.weight, self.eps)
+            attn = self.self_attn(x, cos, sin, meta, plan, kv)
+            x = kernels.add_rms_norm_bf16(h, attn, self.post_attention_layernorm.weight, self.eps)
+            return h.add_(self.mlp(x))
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, meta, plan, kv)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -242,7 +257,7 @@ class LlamaForCausalLM(nn.Module):
         elif hidden_states is None:
             raise ValueError(f"pipeline stage {self.shard.pp_rank} needs the previous stage's hidden_states")
         else:
-            h = hidden_states
+            h = hidden_states.clone()  # layers may update the residual stream in place
         cos, sin = rope_cos_sin(positions, self.inv_freq)
         plan = plan_cache_reads(metadata, kv_caches[0][0], self._workspace, ATTENTION_DTYPE)
         for layer, kv in zip(self.layers, kv_caches, strict=True):

@@ -152,3 +152,30 @@ def test_without_kernels_pytorch_serves_and_auto_means_float32():
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
     assert "SARATHI_KERNELS=0" in done.stderr  # the one-line notice
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7, 64])
+@pytest.mark.parametrize("width", [1536, 40, 17])
+def test_silu_mul_bf16_is_the_rounded_torch_result(rows, width):
+    g = torch.Generator().manual_seed(rows + width)
+    gate_up = torch.randn(rows, 2 * width, generator=g) * 4
+    expected = (torch.nn.functional.silu(gate_up[:, :width]) * gate_up[:, width:]).bfloat16()
+    got = kernels.silu_mul_bf16(gate_up)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, width)
+    # Float32 math differing by an ulp can round to the neighbouring bf16 value, never further.
+    assert (got.float() - expected.float()).abs().le(expected.float().abs() * 2**-7 + 1e-30).all()
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7, 64])
+@pytest.mark.parametrize("width", [576, 40, 17])
+@pytest.mark.parametrize("add", [False, True])
+def test_add_rms_norm_bf16_updates_the_residual_and_normalizes(rows, width, add):
+    g = torch.Generator().manual_seed(rows * 7 + width)
+    residual = torch.randn(rows, width, generator=g) * 3
+    x = torch.randn(rows, width, generator=g) if add else None
+    weight = torch.rand(width, generator=g) + 0.5
+    summed = residual + x if add else residual.clone()
+    expected = torch.nn.functional.rms_norm(summed, (width,), weight, 1e-5).bfloat16()
+    got = kernels.add_rms_norm_bf16(residual, x, weight, 1e-5)
+    assert torch.equal(residual, summed)  # updated in place
+    assert (got.float() - expected.float()).abs().le(expected.float().abs() * 2**-7 + 1e-30).all()
