@@ -71,11 +71,19 @@ class StreamResult:
 
 
 class StreamCollector:
-    """Turns the events of one completion stream into token times (one per chunk with a choice)."""
+    """Turns the events of one completion stream into token times (one per chunk with a choice).
+
+    Servers end a stream differently: ours (like vLLM) puts the finish reason on the last token's chunk
+    and the usage in a chunk with no choices; llama.cpp's ``llama-server`` sends every token first, then a
+    final chunk with empty text, the finish reason and the usage. That final chunk is no token: a chunk
+    with empty text and a finish reason that takes the count past the usage's ``completion_tokens`` is
+    dropped again.
+    """
 
     def __init__(self) -> None:
         self.result = StreamResult(token_times=[])
         self.done = False
+        self._last_finish_only = False  # the last counted chunk had empty text and a finish reason
 
     def on_event(self, event, now: float) -> None:
         if event is DONE:
@@ -91,9 +99,14 @@ class StreamCollector:
             reason = choices[0].get("finish_reason")
             if reason is not None:
                 self.result.finish_reason = reason
+            self._last_finish_only = reason is not None and not choices[0].get("text")
         usage = event.get("usage")
         if usage:
             self.result.completion_tokens = usage.get("completion_tokens")
+            n = self.result.completion_tokens
+            if self._last_finish_only and n is not None and len(self.result.token_times) == n + 1:
+                self.result.token_times.pop()
+                self._last_finish_only = False
 
 
 async def fetch_model_name(client, url: str) -> str:

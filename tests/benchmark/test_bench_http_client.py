@@ -60,6 +60,52 @@ def test_collector_counts_every_choice_chunk_as_a_token():
     assert collector.done
 
 
+def _llama_server_chunk(text: str, finish: str | None = None, usage: dict | None = None) -> bytes:
+    body = {
+        "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
+        "object": "text_completion",
+        "id": "chatcmpl-1",
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+# llama.cpp's llama-server (/v1/completions, stream): one chunk per token, then a final chunk with empty
+# text, the finish reason and the usage, then [DONE].
+LLAMA_SERVER_STREAM = (
+    _llama_server_chunk("Hello")
+    + _llama_server_chunk(" wor")
+    + _llama_server_chunk("ld")
+    + _llama_server_chunk("", "length", {"completion_tokens": 3, "prompt_tokens": 5, "total_tokens": 8})
+    + b"data: [DONE]\n\n"
+)
+
+
+def test_collector_drops_llama_servers_final_chunk_that_is_no_token():
+    collector = StreamCollector()
+    for i, event in enumerate(iter_sse_events([LLAMA_SERVER_STREAM])):
+        collector.on_event(event, now=float(i))
+    r = collector.result
+    assert r.token_times == [0.0, 1.0, 2.0]
+    assert r.finish_reason == "length" and r.completion_tokens == 3 and collector.done
+
+
+def test_collector_keeps_a_last_token_with_held_back_text():
+    # Our server: the last token's chunk has empty text (a partial character) and the finish reason; the
+    # usage follows in a chunk without choices and counts it.
+    stream = (
+        _chunk("a")
+        + _chunk("", "length")
+        + b'data: {"choices": [], "usage": {"completion_tokens": 2}}\n\n'
+        + b"data: [DONE]\n\n"
+    )
+    collector = StreamCollector()
+    for i, event in enumerate(iter_sse_events([stream])):
+        collector.on_event(event, now=float(i))
+    assert collector.result.token_times == [0.0, 1.0]
+
+
 def test_partial_line_is_held_until_its_newline():
     parser = SSEParser()
     assert parser.feed(b'data: {"choices": [') == []
