@@ -13,8 +13,9 @@ streaming client of ``sarathi bench --url`` (sarathi/benchmark/http_client.py), 
   the SLO on this workload (simulated capacity on this machine's cached latency profile).
 
 Workloads: arxiv and sharegpt lengths scaled x1/8, at most 1024 tokens a request, Poisson arrivals, fixed
-seeds, 64 requests a probe (48 with --quick). Capacity = the highest QPS with P99 TBT within the SLO and
-median TTFT within 2 s (the HTTP client cannot see the scheduling delay; TTFT bounds it), by the bisection
+seeds, 64 requests a probe (48 with --quick); every probe (and every retry) draws new prompt token ids, so
+no server is served from a prefix cache of an earlier probe. Capacity = the highest QPS with P99 TBT
+within the SLO and median TTFT within 2 s (the HTTP client cannot see the scheduling delay; TTFT bounds it), by the bisection
 of sarathi/benchmark/capacity.py, at a strict SLO of 100 ms and a relaxed one of 500 ms. Every search
 starts at the same QPS (a power of two near sarathi's simulated capacity), so the settings are probed at
 shared loads, where TTFT and TBT percentiles are compared side by side.
@@ -324,16 +325,40 @@ def workload_config(trace: str, qps: float, num_requests: int, seed: int):
     )
 
 
+def fresh_prompts(requests: Sequence, allowed, salt: Sequence[int]) -> list:
+    """``requests`` with the same arrivals and lengths but prompt ids drawn anew from ``allowed`` with a
+    generator seeded by ``salt``: a server never sees a prompt twice, so no probe is served from the prefix
+    cache of an earlier one (sarathi's prefix caching, llama-server's per-slot prompt reuse)."""
+    import numpy as np
+
+    rng = np.random.default_rng(list(salt))
+    return [
+        dataclasses.replace(
+            r,
+            prompt_token_ids=tuple(
+                int(x) for x in allowed[rng.integers(0, len(allowed), r.num_prompt_tokens)]
+            ),
+        )
+        for r in requests
+    ]
+
+
 def measure_probe(
-    server: RunningServer, requests, qps: float, retries: int, max_foreign: float = MAX_FOREIGN_LOAD
+    server: RunningServer,
+    make_requests: Callable[[int], Sequence],
+    qps: float,
+    retries: int,
+    max_foreign: float = MAX_FOREIGN_LOAD,
 ) -> ProbeRecord:
-    """Replay ``requests`` against the server; repeat (up to ``retries`` more times) while other processes
-    used more than ``max_foreign`` of the machine; keep the least disturbed try."""
+    """Replay ``make_requests(attempt)`` against the server; repeat (up to ``retries`` more times, with new
+    prompts) while other processes used more than ``max_foreign`` of the machine; keep the least disturbed
+    try."""
     from sarathi.benchmark.http_client import run_http
 
     best: ProbeRecord | None = None
     ncpu = os.cpu_count() or 1
     for attempt in range(1, retries + 2):
+        requests = make_requests(attempt)
         busy0, own0, srv0, t0 = _busy_seconds(), _own_seconds(), server.cpu_seconds(), time.perf_counter()
         store, errors = run_http(server.url, requests, progress=False)
         wall = time.perf_counter() - t0
@@ -530,7 +555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     ensure_llama_cpp()
     gguf = ensure_bf16_gguf()
-    space = TokenSpace.of_folder(embedded_model_path())
+    allowed = TokenSpace.of_folder(embedded_model_path()).allowed()
     all_results: list[SettingResult] = []
     comparison: dict[str, dict] = {}
     for trace in args.workloads:
@@ -552,10 +577,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             ) as srv:
 
                 def measure(qps: float, srv=srv, trace=trace) -> ProbeRecord:
-                    requests = generate_workload(
-                        workload_config(trace, qps, args.num_requests, args.seed), space
-                    )
-                    rec = measure_probe(srv, requests, qps, args.retries)
+                    base = generate_workload(workload_config(trace, qps, args.num_requests, args.seed))
+
+                    def make_requests(attempt: int, base=base, qps=qps) -> list:
+                        return fresh_prompts(base, allowed, (args.seed, round(qps * 1e6), attempt))
+
+                    rec = measure_probe(srv, make_requests, qps, args.retries)
                     flag = " DISTURBED" if rec.disturbed else ""
                     print(
                         f"   {qps:7.3g} QPS: TTFT p50 {rec.ttft_p50 * 1e3:6.0f}"

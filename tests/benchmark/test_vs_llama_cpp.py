@@ -171,3 +171,22 @@ def test_quick_and_full_defaults():
 def test_pow2_near():
     assert vs.pow2_near(4.76) == 4.0 and vs.pow2_near(6.1) == 8.0 and vs.pow2_near(0.0) == 1.0
     assert math.isclose(vs.pow2_near(0.3), 0.25)
+
+
+def test_fresh_prompts_keep_arrivals_and_lengths_and_differ_per_salt():
+    import numpy as np
+
+    from sarathi.benchmark.workload import BenchRequest
+
+    base = [BenchRequest("a", 0.0, 5, 3), BenchRequest("b", 0.5, 40, 7)]
+    allowed = np.arange(10, 1000)
+    one = vs.fresh_prompts(base, allowed, (0, 4000000, 1))
+    assert [(r.request_id, r.arrival_time, r.num_prompt_tokens, r.num_output_tokens) for r in one] == [
+        ("a", 0.0, 5, 3),
+        ("b", 0.5, 40, 7),
+    ]
+    assert all(len(r.prompt_token_ids) == r.num_prompt_tokens for r in one)
+    assert all(10 <= t < 1000 for r in one for t in r.prompt_token_ids)
+    assert vs.fresh_prompts(base, allowed, (0, 4000000, 1)) == one  # deterministic
+    other = vs.fresh_prompts(base, allowed, (0, 4000000, 2))
+    assert other[1].prompt_token_ids != one[1].prompt_token_ids
