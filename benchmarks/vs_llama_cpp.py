@@ -15,10 +15,10 @@ streaming client of ``sarathi bench --url`` (sarathi/benchmark/http_client.py), 
 Workloads: arxiv and sharegpt lengths scaled x1/8, at most 1024 tokens a request, Poisson arrivals, fixed
 seeds, 64 requests a probe (48 with --quick); every probe (and every retry) draws new prompt token ids, so
 no server is served from a prefix cache of an earlier probe. Capacity = the highest QPS with P99 TBT
-within the SLO and median TTFT within 2 s (the HTTP client cannot see the scheduling delay; TTFT bounds it), by the bisection
-of sarathi/benchmark/capacity.py, at a strict SLO of 100 ms and a relaxed one of 500 ms. Every search
-starts at the same QPS (a power of two near sarathi's simulated capacity), so the settings are probed at
-shared loads, where TTFT and TBT percentiles are compared side by side.
+within the SLO and median TTFT within 2 s (the HTTP client cannot see the scheduling delay; TTFT bounds
+it), by the bisection of sarathi/benchmark/capacity.py, at a strict SLO of 100 ms and a relaxed one of
+500 ms. Every search starts at the same QPS (a power of two near sarathi's simulated capacity), so the
+settings are probed at shared loads, where TTFT and TBT percentiles are compared side by side.
 
 Foreign CPU load is guarded as in benchmarks/model_forward.py: a probe during which other processes used
 more than 8% of the machine is repeated; a probe still disturbed after the retries is kept and flagged.
