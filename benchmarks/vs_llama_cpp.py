@@ -649,7 +649,7 @@ def compare(
     the TTFT/TBT percentiles of those settings at every load all of them were probed at."""
     llama = [r for r in results if r.setting.server == "llama.cpp"]
     by_setting = {r.setting: r for r in results}
-    per_slo, roles, compared = {}, {}, {}
+    per_slo, below, roles, compared = {}, {}, {}, {}
     for slo in SLOS:
         rows = {}
         if llama:
@@ -657,6 +657,7 @@ def compare(
         rows["sarathi default"] = by_setting[ServerSetting("sarathi", default_budget)]
         rows["sarathi tuned"] = by_setting[ServerSetting("sarathi", tuned[slo.label])]
         per_slo[slo.label] = {role: r.capacity[slo.label] for role, r in rows.items()}
+        below[slo.label] = {role: r.lowest_failing[slo.label] for role, r in rows.items()}
         roles[slo.label] = {role: r.setting.label for role, r in rows.items()}
         for r in rows.values():
             compared[r.setting.label] = r
@@ -675,6 +676,7 @@ def compare(
     return {
         "capacity_qps": per_slo,
         "compared": roles,
+        "lowest_failing_qps": below,
         "llama_cpp_capacity_qps": {r.setting.label: r.capacity for r in llama},
         "sarathi_tuned_budget": tuned,
         "sarathi_simulated_capacity_qps": sims,
@@ -685,14 +687,25 @@ def compare(
     }
 
 
+def capacity_text(capacity: float, lowest_failing: float | None) -> str:
+    """'2.83', or '<1' when even the lowest load probed missed the SLO (the search ran out of probes)."""
+    if capacity > 0 or lowest_failing is None:
+        return f"{capacity:.3g}"
+    return f"<{lowest_failing:.3g}"
+
+
 def print_report(comparison: dict, results: Sequence[SettingResult]) -> None:
     for trace, c in comparison.items():
         print(f"\n=== {trace} (lengths x{LENGTH_SCALE:g}, <= {MAX_TOTAL_TOKENS} tokens, Poisson)")
         print("capacity (QPS): P99 TBT within the SLO, median TTFT <= 2 s")
         for slo, rows in c["capacity_qps"].items():
+            below = c["lowest_failing_qps"][slo]
             print(
                 f"  {slo}: "
-                + "; ".join(f"{role} ({c['compared'][slo][role]}) {cap:.3g}" for role, cap in rows.items())
+                + "; ".join(
+                    f"{role} ({c['compared'][slo][role]}) {capacity_text(cap, below[role])}"
+                    for role, cap in rows.items()
+                )
             )
         print(
             "  all llama.cpp settings: "

@@ -155,6 +155,7 @@ def test_compare_picks_roles_per_slo():
         assert c["compared"][slo.label]["llama.cpp best"] == best.setting.label
         assert c["capacity_qps"][slo.label]["llama.cpp best"] == best.capacity[slo.label]
         assert c["compared"][slo.label]["sarathi tuned"] == f"sarathi budget {tuned[slo.label]}"
+    assert set(c["lowest_failing_qps"]) == {s.label for s in vs.SLOS}
     assert "2" in c["shared_loads"]
     assert set(c["shared_loads"]["2"]) == set(c["compared_settings"])
 
@@ -190,3 +191,9 @@ def test_fresh_prompts_keep_arrivals_and_lengths_and_differ_per_salt():
     assert vs.fresh_prompts(base, allowed, (0, 4000000, 1)) == one  # deterministic
     other = vs.fresh_prompts(base, allowed, (0, 4000000, 2))
     assert other[1].prompt_token_ids != one[1].prompt_token_ids
+
+
+def test_capacity_text_says_below_the_lowest_probe():
+    assert vs.capacity_text(2.828, 4.0) == "2.83"
+    assert vs.capacity_text(0.0, 1.0) == "<1"
+    assert vs.capacity_text(0.0, None) == "0"
