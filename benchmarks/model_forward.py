@@ -11,7 +11,10 @@ in the compute dtype (a 2048^3 GEMM; bf16 through our kernel where it runs); a c
 
 Each number is the median of REPS repetitions; a repetition is repeated (up to 5 tries) when other processes
 used more than 8% of the machine during it (this machine's cores are shared), and the worst foreign load
-accepted is printed. Run: .venv/bin/python benchmarks/model_forward.py [--quick] [--no-hf]
+accepted is printed. With --llama-cpp, llama.cpp's own benchmarks (llama-bench, llama-batched-bench; see
+benchmarks/llama_cpp_kernels.py) time the same prefill and decode shapes on the BF16 GGUF of the same
+weights in the same run, beside the serving default (bf16-math).
+Run: .venv/bin/python benchmarks/model_forward.py [--quick] [--no-hf] [--llama-cpp]
 """
 
 from __future__ import annotations
@@ -218,10 +221,46 @@ def hf_decode(hf, arch, dtype, batch: int) -> Callable[[], object]:
     return run
 
 
+def compare_llama_cpp(rows: list[dict], reps: int) -> dict:
+    """Time llama.cpp at our prefill and decode shapes and add its ms, and ours / its, to the rows of the
+    serving default (bf16-math); returns what was run, for the record."""
+    from llama_cpp_build import binary, build_info, ensure_bf16_gguf, ensure_llama_cpp, llama_cpp_version
+    from llama_cpp_kernels import decode_times, prefill_times
+
+    ensure_llama_cpp()
+    gguf = ensure_bf16_gguf()
+    threads = torch.get_num_threads()
+    times = prefill_times(binary("llama-bench"), gguf, list(PREFILL_TOKENS), threads, reps, MAX_FOREIGN_LOAD)
+    times += decode_times(
+        binary("llama-batched-bench"), gguf, list(DECODE_BATCHES), CONTEXT, threads, reps, MAX_FOREIGN_LOAD
+    )
+    ours = {r["case"]: r for r in rows if r["dtype"] == "bf16-math"}
+    print(f"llama.cpp ({llama_cpp_version()}, {gguf.name}, -t {threads}) vs ours (bf16-math):")
+    for t in times:
+        row = ours[t.case]
+        row |= {"llama_cpp_ms": t.ms, "llama_cpp_foreign_load": t.foreign_load}
+        row["x_llama_cpp"] = row["ours_ms"] / t.ms
+        print(
+            f"  {t.case:14s} llama.cpp {t.ms:8.1f} ms [{t.foreign_load:.0%}]  ours {row['ours_ms']:8.1f} ms"
+            f"  ours/llama.cpp {row['x_llama_cpp']:4.2f}x  floor {row['floor_ms']:6.1f} ms"
+            f" (llama.cpp {t.ms / row['floor_ms']:4.1f}x)"
+        )
+    return {
+        "version": llama_cpp_version(),
+        **build_info(),
+        "weights": gguf.name,
+        "threads": threads,
+        "commands": {t.case: t.command for t in times},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 repetitions instead of 5")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
+    parser.add_argument(
+        "--llama-cpp", action="store_true", help="also time llama.cpp (built once) at the same shapes"
+    )
     args = parser.parse_args()
     reps = 3 if args.quick else 5
     print(
@@ -282,6 +321,8 @@ def main() -> None:
             print(line, flush=True)
         del model, hf
     settings = {"reps": reps, "block_size": BLOCK_SIZE, "decode_context": CONTEXT, "rates": rates}
+    if args.llama_cpp:
+        settings["llama_cpp"] = compare_llama_cpp(rows, reps)
     print(f"saved {save_result('model_forward', rows, settings)}")
 
 

@@ -1,0 +1,129 @@
+"""llama.cpp's own forward-pass benchmarks on the BF16 GGUF of the embedded model, at the shapes of
+benchmarks/model_forward.py, so both are measured in one run on one machine.
+
+- prefill T: ``llama-bench -p T -n 0 -b T -ub T`` (one T-token batch from position 0), ms = T / tokens per s;
+- decode B: ``llama-batched-bench -npp CONTEXT -ntg N -npl B`` (B sequences, each with its own CONTEXT-token
+  prompt, then N decode steps of all B at once), ms per step = T_TG / N. Its context grows from CONTEXT to
+  CONTEXT + N during the steps (N is small, so ~1.5% more K/V than our fixed CONTEXT).
+
+llama.cpp has no benchmark of a mixed chunk + decodes batch, so that shape has no llama.cpp number.
+Both tools run with the thread count torch uses (``-t``), and are timed with the same foreign-load guard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+DECODE_STEPS = 16
+
+
+@dataclass(frozen=True)
+class LlamaCppTime:
+    """One llama.cpp measurement: median ms per forward over its repetitions, and the worst foreign load."""
+
+    case: str
+    ms: float
+    foreign_load: float
+    command: str
+
+
+def parse_llama_bench(stdout: str) -> dict[int, float]:
+    """``llama-bench -o json`` -> {prompt tokens: ms per prefill batch} for its prompt-only tests."""
+    out = {}
+    for test in json.loads(stdout[stdout.index("[") :]):
+        if test.get("n_gen", 0) == 0 and test.get("n_prompt", 0) > 0:
+            out[int(test["n_prompt"])] = float(test["avg_ns"]) / 1e6
+    return out
+
+
+def parse_batched_bench(stdout: str) -> dict[int, float]:
+    """``llama-batched-bench --output-format jsonl`` -> {parallel sequences: ms per decode step of all}."""
+    out = {}
+    for line in stdout.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        row = json.loads(line)
+        if "t_tg" in row and row.get("tg"):
+            out[int(row["pl"])] = float(row["t_tg"]) * 1e3 / int(row["tg"])
+    return out
+
+
+def _busy_seconds() -> float:
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _self_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def run_guarded(cmd: list[str], max_foreign: float, tries: int = 3) -> tuple[str, float]:
+    """Run ``cmd`` to completion (stdout, worst-accepted foreign load), repeating it when other processes
+    used more than ``max_foreign`` of the machine meanwhile (its own and our CPU time do not count)."""
+    ncpu = os.cpu_count() or 1
+    foreign = 0.0
+    for _ in range(tries):
+        busy0, kids0, own0, t0 = _busy_seconds(), _children_seconds(), _self_seconds(), time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if done.returncode != 0:
+            raise RuntimeError(f"{Path(cmd[0]).name} failed ({done.returncode}): {done.stderr[-800:]}")
+        ours = (_children_seconds() - kids0) + (_self_seconds() - own0)
+        foreign = max(0.0, (_busy_seconds() - busy0) - ours) / (wall * ncpu)
+        if foreign <= max_foreign:
+            break
+    return done.stdout, foreign
+
+
+def prefill_times(
+    bench: Path, gguf: Path, tokens: list[int], threads: int, reps: int, max_foreign: float
+) -> list[LlamaCppTime]:
+    """``llama-bench`` prompt processing of each T in ``tokens`` as one batch of T, median of ``reps``."""
+    out = []
+    for t in tokens:
+        cmd = [str(bench), "-m", str(gguf), "-t", str(threads), "-p", str(t), "-n", "0"]
+        cmd += ["-b", str(t), "-ub", str(t), "-r", str(reps), "-o", "json"]
+        stdout, load = run_guarded(cmd, max_foreign)
+        out.append(LlamaCppTime(f"prefill T={t}", parse_llama_bench(stdout)[t], load, " ".join(cmd[1:])))
+    return out
+
+
+def decode_times(
+    batched_bench: Path,
+    gguf: Path,
+    batches: list[int],
+    context: int,
+    threads: int,
+    reps: int,
+    max_foreign: float,
+) -> list[LlamaCppTime]:
+    """``llama-batched-bench`` decode steps of B sequences at ``context`` cached tokens each, per B in
+    ``batches``; the median over ``reps`` runs of the tool (each run prefills anew)."""
+    out = []
+    for b in batches:
+        n_kv = b * (context + DECODE_STEPS)
+        cmd = [str(batched_bench), "-m", str(gguf), "-t", str(threads), "-c", str(n_kv)]
+        cmd += ["-b", "2048", "-ub", "512", "-npp", str(context), "-ntg", str(DECODE_STEPS), "-npl", str(b)]
+        cmd += ["--output-format", "jsonl"]
+        times, worst = [], 0.0
+        for _ in range(reps):
+            stdout, load = run_guarded(cmd, max_foreign)
+            times.append(parse_batched_bench(stdout)[b])
+            worst = max(worst, load)
+        out.append(LlamaCppTime(f"decode B={b}", statistics.median(times), worst, " ".join(cmd[1:])))
+    return out
