@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import functools
 import os
 import re
@@ -61,6 +62,25 @@ class Tokenizer:
         return self.decode([token_id], skip_special_tokens=False).encode()
 
     @functools.cached_property
+    def decode_bytes(self) -> list[bytes] | None:
+        """Each id's bytes in ``decode(ids, skip_special_tokens=True)``, when that decode is the plain
+        concatenation of per-token bytes read as UTF-8 (a byte-level BPE decoder, no clean-up of spaces):
+        then text can be extended a token at a time without calling the tokenizer. None otherwise."""
+        if not self._byte_level or getattr(self._tok, "clean_up_tokenization_spaces", False):
+            return None
+        decoder = _byte_decoder()
+        special = set(self._tok.all_special_ids)
+        table = []
+        for i, piece in enumerate(self._tok.convert_ids_to_tokens(list(range(len(self._tok))))):
+            if i in special or piece is None:
+                table.append(b"")
+            elif all(c in decoder for c in piece):  # what the byte-level decoder does, token by token
+                table.append(bytes(decoder[c] for c in piece))
+            else:  # e.g. an added token with characters outside the byte alphabet: written as is
+                table.append(piece.encode())
+        return table
+
+    @functools.cached_property
     def _byte_level(self) -> bool:
         backend = getattr(self._tok, "backend_tokenizer", None)
         return type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
@@ -110,8 +130,10 @@ def _check_messages(messages: list[dict]) -> None:
 class IncrementalDetokenizer:
     """Turns a growing list of output token ids into text deltas.
 
-    Decodes a small window of recent tokens each step instead of the whole output, and holds back text
-    while the window ends in an incomplete UTF-8 character (decoded as U+FFFD).
+    Byte-level tokenizers (``Tokenizer.decode_bytes``): appends each token's bytes to an incremental UTF-8
+    decoder, which holds back an incomplete character. Others: decodes a small window of recent tokens each
+    step instead of the whole output, and holds back text while the window ends in an incomplete UTF-8
+    character (decoded as U+FFFD).
     """
 
     tokenizer: Tokenizer
@@ -122,12 +144,19 @@ class IncrementalDetokenizer:
     _read: int = 0
 
     def __post_init__(self) -> None:
+        self._bytes = self.tokenizer.decode_bytes
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace") if self._bytes is not None else None
         self.ids = list(self.prompt_tail[-_DETOKENIZE_CONTEXT:])
         self._prefix = 0
         self._read = len(self.ids)
 
     def add(self, token_ids: list[int]) -> str:
         """Append tokens and return the newly completed text (possibly empty)."""
+        if self._bytes is not None:
+            table = self._bytes
+            delta = self._utf8.decode(b"".join([table[t] if 0 <= t < len(table) else b"" for t in token_ids]))
+            self.text += delta
+            return delta
         self.ids.extend(token_ids)
         prefix_text = self.tokenizer.decode(self.ids[self._prefix : self._read])
         full_text = self.tokenizer.decode(self.ids[self._prefix :])

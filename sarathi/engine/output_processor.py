@@ -19,6 +19,8 @@ class OutputProcessor:
     def __init__(self, tokenizer: Tokenizer | None, scheduler: Scheduler) -> None:
         self.tokenizer = tokenizer
         self.scheduler = scheduler
+        if tokenizer is not None:
+            _ = tokenizer.decode_bytes  # build the per-token bytes table now, not in the first request
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._emitted_chars: dict[str, int] = {}
         # Prompt log probabilities gathered chunk by chunk, until they go out with the first token.

@@ -9,6 +9,7 @@
 - `argmax_rows`: torch.argmax(dim=-1) for float32 logits, vectorized (`csrc/argmax.cpp`).
 - `silu_mul_bf16`, `add_rms_norm_bf16`: a bf16-math layer's elementwise steps fused, one pass each
   (`csrc/elementwise.cpp`).
+- `rope_write_kv`: RoPE on q and k and the KV-cache write of k and v, one pass over qkv (`csrc/rope_kv.cpp`).
 
 The extension is compiled with the C++ compiler `torch.utils.cpp_extension` finds, once per source and torch
 version, into the sarathi cache folder (about a minute on 2 cores; later processes load the cached library).
@@ -115,6 +116,36 @@ def add_rms_norm_bf16(
 ) -> torch.Tensor:
     """residual += x in place (float32 [T, H]; skipped when x is None); returns bf16(rms_norm(residual))."""
     return torch.ops.sarathi_kernels.add_rms_norm_bf16(residual, x, weight, eps)
+
+
+def rope_write_kv(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    heads: int,
+    return_kv: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Rotate q and k of qkv (float32 [T, heads + 2 * kv_heads, d]) by the `rope_cos_sin` tables and write k
+    and v into the caches at `slot_mapping`. Returns q (float32 [T, heads, d]) and, with `return_kv`, k and v
+    as the cache stores them, widened to float32 [T, kv_heads, d]; else None for both."""
+    q, k, v = torch.ops.sarathi_kernels.rope_write_kv(
+        qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, return_kv
+    )
+    return (q, k, v) if return_kv else (q, None, None)
+
+
+def rope_kernel_serves(head_dim: int, cache: torch.Tensor) -> bool:
+    """Whether `rope_write_kv` handles this head size and cache (head_dim a multiple of 32, CPU, bf16 or
+    float32 cache)."""
+    return (
+        head_dim % 32 == 0
+        and cache.device.type == "cpu"
+        and cache.dtype in (torch.bfloat16, torch.float32)
+        and available()
+    )
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:

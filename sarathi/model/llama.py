@@ -92,7 +92,7 @@ class Attention(nn.Module):
         q_start, q_end = shard.q_head_range(arch.num_attention_heads, arch.num_key_value_heads)
         kv_start, kv_end = shard.kv_head_range(arch.num_key_value_heads)
         self.num_heads, self.num_kv_heads, self.head_dim = q_end - q_start, kv_end - kv_start, arch.head_dim
-        self.scale, self.tp = self.head_dim**-0.5, tp
+        self.scale, self.tp, self.fused = self.head_dim**-0.5, tp, dtypes.fused(device)
         qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         self.qkv_proj = Linear(arch.hidden_size, qkv_out, arch.attention_bias, *dtypes.linear(device))
         attn_width = self.num_heads * self.head_dim
@@ -111,6 +111,12 @@ class Attention(nn.Module):
         """x [T, hidden] -> [T, hidden]."""
         h, kvh = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(x.shape[0], h + 2 * kvh, self.head_dim)
+        if self.fused and qkv.dtype == torch.float32 and kernels.rope_kernel_serves(self.head_dim, kv[0]):
+            # only a prefill chunk starting at 0 attends to its own k, v rather than the cache
+            own_kv = any(rows is None for rows in plan.prefill_rows)
+            q, k, v = kernels.rope_write_kv(qkv, cos, sin, kv[0], kv[1], meta.slot_mapping, h, own_kv)
+            out = paged_attention(q, k, v, kv[0], kv[1], meta, plan, self.scale, written=True)
+            return _row_parallel_output(self.o_proj(out), self.tp)
         qk = apply_rope(qkv[:, : h + kvh], cos, sin, ATTENTION_DTYPE)
         v = qkv[:, h + kvh :].to(ATTENTION_DTYPE)
         out = paged_attention(qk[:, :h], qk[:, h:], v, kv[0], kv[1], meta, plan, self.scale)

@@ -124,16 +124,20 @@ def paged_attention(
     meta: AttentionMetadata,
     plan: CacheReadPlan,
     scale: float,
+    written: bool = False,
 ) -> torch.Tensor:
     """Write k, v into the cache, then attend q [T, heads, head_dim]; returns [T, heads * head_dim].
 
     A cache narrower than q (bf16 cache, fp32 compute) is read back upcast; new keys are attended to as the
-    cache stores them too, so how a prompt is chunked does not change what any query sees.
+    cache stores them too, so how a prompt is chunked does not change what any query sees. `written` says
+    the caller has stored them already (`kernels.rope_write_kv`): k, v are then the stored values, widened,
+    and may be None when no prefill chunk starts at 0 (only those read k, v rather than the cache).
     """
-    k_stored, v_stored = k.to(k_cache.dtype), v.to(v_cache.dtype)  # no-ops when the dtypes match
-    write_kv(k_cache, v_cache, k_stored, v_stored, meta.slot_mapping)
-    if k_stored.dtype != k.dtype:
-        k, v = k_stored.to(k.dtype), v_stored.to(v.dtype)
+    if not written:
+        k_stored, v_stored = k.to(k_cache.dtype), v.to(v_cache.dtype)  # no-ops when the dtypes match
+        write_kv(k_cache, v_cache, k_stored, v_stored, meta.slot_mapping)
+        if k_stored.dtype != k.dtype:
+            k, v = k_stored.to(k.dtype), v_stored.to(v.dtype)
     dec = meta.decode
     if not meta.prefills:  # all rows are decodes, already in order
         return decode_attention(q, k_cache, v_cache, plan, scale)

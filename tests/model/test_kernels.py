@@ -179,3 +179,58 @@ def test_add_rms_norm_bf16_updates_the_residual_and_normalizes(rows, width, add)
     got = kernels.add_rms_norm_bf16(residual, x, weight, 1e-5)
     assert torch.equal(residual, summed)  # updated in place
     assert (got.float() - expected.float()).abs().le(expected.float().abs() * 2**-7 + 1e-30).all()
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("tokens", [1, 7, 64])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 32), (8, 2, 128)])
+def test_rope_write_kv_is_rope_then_the_cache_write(cache_dtype, tokens, heads, kv_heads, head_dim):
+    from sarathi.model.paged_attention import write_kv
+    from sarathi.model.rope import apply_rope, rope_cos_sin, rope_inv_freq
+
+    g = torch.Generator().manual_seed(tokens * 31 + head_dim)
+    blocks, block_size = 12, 16
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, head_dim, generator=g) * 3
+    positions = torch.randint(0, 4096, (tokens,), generator=g)
+    cos, sin = rope_cos_sin(positions, rope_inv_freq(head_dim, 10000.0))
+    slots = torch.randperm(blocks * block_size, generator=g)[:tokens]  # any slots, across block boundaries
+    shape = (kv_heads, blocks, block_size, head_dim)
+    k_cache, v_cache = (
+        torch.randn(shape, generator=g).to(cache_dtype),
+        torch.randn(shape, generator=g).to(cache_dtype),
+    )
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    qk = apply_rope(qkv[:, : heads + kv_heads], cos, sin)
+    write_kv(ref_k, ref_v, qk[:, heads:], qkv[:, heads + kv_heads :], slots)
+
+    q, k, v = kernels.rope_write_kv(qkv, cos, sin, k_cache, v_cache, slots, heads, True)
+    # float32 rounding of x*cos + swap(x)*sin may differ by an ulp (a fused multiply-add), which can move a
+    # bf16-rounded value to its neighbour, never further
+    ulp = 2**-7 if cache_dtype == torch.bfloat16 else 2**-20
+    assert torch.allclose(q, qk[:, :heads], rtol=2**-20, atol=1e-6)
+    assert (k_cache.float() - ref_k.float()).abs().le(ref_k.float().abs() * ulp + 1e-6).all()
+    assert torch.equal(v_cache, ref_v)  # v is only rounded to the cache dtype
+    written = (slots // block_size, slots % block_size)
+    assert torch.equal(k, k_cache[:, written[0], written[1]].float().transpose(0, 1))  # as stored
+    assert torch.equal(v, v_cache[:, written[0], written[1]].float().transpose(0, 1))
+    untouched = torch.ones(blocks * block_size, dtype=torch.bool)
+    untouched[slots] = False
+    assert torch.equal(
+        k_cache.view(kv_heads, -1, head_dim)[:, untouched], ref_k.view(kv_heads, -1, head_dim)[:, untouched]
+    )
+
+    _, none_k, none_v = kernels.rope_write_kv(qkv, cos, sin, k_cache, v_cache, slots, heads, False)
+    assert none_k is None and none_v is None
+
+
+def test_rope_write_kv_refuses_bad_shapes_and_slots():
+    qkv, cos, sin = torch.randn(2, 5, 64), torch.randn(2, 1, 64), torch.randn(2, 1, 64)
+    cache = torch.zeros(1, 4, 16, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="slot outside"):
+        kernels.rope_write_kv(qkv, cos, sin, cache, cache.clone(), torch.tensor([0, 64]), 3, False)
+    with pytest.raises(RuntimeError, match="do not split"):
+        kernels.rope_write_kv(qkv, cos, sin, cache, cache.clone(), torch.tensor([0, 1]), 2, False)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        kernels.rope_write_kv(
+            torch.randn(2, 5, 48), cos, sin, cache, cache.clone(), torch.tensor([0, 1]), 3, False
+        )

@@ -1,0 +1,144 @@
+// RoPE on q and k and the KV-cache write in one pass over the fused qkv projection's output, replacing ~12
+// PyTorch ops a layer (slice, roll, mul, addcmul, casts, two index_copy_): at one decode token their dispatch
+// cost more than their arithmetic.
+//
+// qkv [T, heads + 2 * kv_heads, d] float32 (rows: q heads, k heads, v heads); cos, sin [T, d] float32 as
+// rope_cos_sin builds them ((cos, cos) and (-sin, sin) over the halves), so rotated = x * cos + swap(x) * sin
+// with swap exchanging the halves. Returns q rotated, float32 [T, heads, d]; writes the rotated k and v,
+// rounded to the cache dtype (nearest even for bf16), at cache[kv_head][slot]. With return_kv also returns
+// them as stored, widened to float32 [T, kv_heads, d] (what a prefill chunk starting at 0 attends to);
+// without it they come back empty ([0, kv_heads, d]).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <tuple>
+
+namespace sarathi_kernels {
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
+// x * cos is rounded, then swap(x) * sin is added in one fused multiply-add: bit for bit what PyTorch's mul +
+// addcmul compute (rope.apply_rope). A last-bit difference in q, amplified by the bf16 roundings downstream,
+// moved SmolLM2's logits by 3e-3; so the compiler may not contract anything else here.
+#pragma GCC optimize("fp-contract=off")
+
+namespace {
+
+constexpr int64_t kLanes = 16;
+
+// x * cos + swap(x) * sin for 16 lanes at offset i of a head (half = d / 2, a multiple of 16).
+inline __m512 rotate16(const float* x, const float* cos, const float* sin, int64_t i, int64_t half) {
+  const int64_t partner = i < half ? i + half : i - half;
+  const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(cos + i));
+  return _mm512_fmadd_ps(_mm512_loadu_ps(x + partner), _mm512_loadu_ps(sin + i), a);
+}
+
+// Round to the cache dtype and store; returns the stored value widened back to float32.
+inline __m512 store(float* dst, __m512 v) {
+  _mm512_storeu_ps(dst, v);
+  return v;
+}
+
+inline __m512 store(at::BFloat16* dst, __m512 v) {
+  const __m256i raw = (__m256i)_mm512_cvtneps_pbh(v);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), raw);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+template <typename T>
+void run(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
+         at::Tensor& v_cache, const at::Tensor& slots, int64_t heads, at::Tensor& q_out, at::Tensor* k_out,
+         at::Tensor* v_out) {
+  const int64_t tokens = qkv.size(0), rows = qkv.size(1), d = qkv.size(2), half = d / 2;
+  const int64_t kv_heads = (rows - heads) / 2;
+  const int64_t slots_per_head = k_cache.numel() / kv_heads / d;  // num_blocks * block_size
+  const float* src = qkv.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  T* kc = k_cache.data_ptr<T>();
+  T* vc = v_cache.data_ptr<T>();
+  float* qo = q_out.data_ptr<float>();
+  float* ko = k_out ? k_out->data_ptr<float>() : nullptr;
+  float* vo = v_out ? v_out->data_ptr<float>() : nullptr;
+  at::parallel_for(0, tokens, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* x = src + t * rows * d;
+      const float* c = cp + t * d;
+      const float* s = sp + t * d;
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < d; i += kLanes)
+          _mm512_storeu_ps(qo + (t * heads + h) * d + i, rotate16(x + h * d, c, s, i, half));
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        const float* k = x + (heads + g) * d;
+        const float* v = x + (heads + kv_heads + g) * d;
+        T* kd = kc + (g * slots_per_head + slot[t]) * d;
+        T* vd = vc + (g * slots_per_head + slot[t]) * d;
+        for (int64_t i = 0; i < d; i += kLanes) {
+          const __m512 ks = store(kd + i, rotate16(k, c, s, i, half));
+          const __m512 vs = store(vd + i, _mm512_loadu_ps(v + i));
+          if (ko) {
+            _mm512_storeu_ps(ko + (t * kv_heads + g) * d + i, ks);
+            _mm512_storeu_ps(vo + (t * kv_heads + g) * d + i, vs);
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& qkv_in, const at::Tensor& cos_in,
+                                                             const at::Tensor& sin_in, at::Tensor& k_cache,
+                                                             at::Tensor& v_cache, const at::Tensor& slot_mapping,
+                                                             int64_t heads, bool return_kv) {
+  TORCH_CHECK(qkv_in.dim() == 3 && qkv_in.scalar_type() == at::kFloat,
+              "rope_write_kv: qkv must be float32 [T, heads + 2 * kv_heads, head_dim]");
+  const int64_t tokens = qkv_in.size(0), rows = qkv_in.size(1), d = qkv_in.size(2);
+  TORCH_CHECK(heads > 0 && rows > heads && (rows - heads) % 2 == 0, "rope_write_kv: ", rows,
+              " qkv rows do not split into ", heads, " q heads and equal k and v heads");
+  const int64_t kv_heads = (rows - heads) / 2;
+  TORCH_CHECK(d % (2 * kLanes) == 0, "rope_write_kv: head_dim must be a multiple of 32");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(0) == kv_heads && k_cache.size(3) == d &&
+                  v_cache.sizes() == k_cache.sizes() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  k_cache.scalar_type() == v_cache.scalar_type(),
+              "rope_write_kv: caches must be contiguous [kv_heads, blocks, block_size, head_dim] of one dtype");
+  TORCH_CHECK(cos_in.numel() == tokens * d && sin_in.numel() == tokens * d, "rope_write_kv: cos/sin must be [T, d]");
+  TORCH_CHECK(slot_mapping.numel() == tokens, "rope_write_kv: one slot per token");
+  const at::Tensor qkv = qkv_in.contiguous();
+  const at::Tensor cos = cos_in.to(at::kFloat).contiguous(), sin = sin_in.to(at::kFloat).contiguous();
+  const at::Tensor slots = slot_mapping.to(at::kLong).contiguous();
+  if (tokens > 0) {
+    const int64_t lo = slots.min().item<int64_t>(), hi = slots.max().item<int64_t>();
+    TORCH_CHECK(lo >= 0 && hi < k_cache.size(1) * k_cache.size(2), "rope_write_kv: slot outside the cache");
+  }
+  at::Tensor q = at::empty({tokens, heads, d}, qkv.options());
+  const int64_t kept = return_kv ? tokens : 0;  // empty k and v when not asked for
+  at::Tensor k = at::empty({kept, kv_heads, d}, qkv.options());
+  at::Tensor v = at::empty({kept, kv_heads, d}, qkv.options());
+  at::Tensor* ko = return_kv ? &k : nullptr;
+  at::Tensor* vo = return_kv ? &v : nullptr;
+  if (k_cache.scalar_type() == at::kBFloat16) {
+    run<at::BFloat16>(qkv, cos, sin, k_cache, v_cache, slots, heads, q, ko, vo);
+  } else {
+    TORCH_CHECK(k_cache.scalar_type() == at::kFloat, "rope_write_kv: cache must be bf16 or float32");
+    run<float>(qkv, cos, sin, k_cache, v_cache, slots, heads, q, ko, vo);
+  }
+  return {q, k, v};
+}
+
+#pragma GCC pop_options
+
+TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
+  lib.def("rope_write_kv(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+          "Tensor slot_mapping, int heads, bool return_kv) -> (Tensor, Tensor, Tensor)",
+          &rope_write_kv);
+}
+
+}  // namespace sarathi_kernels
