@@ -21,11 +21,6 @@ namespace {
 constexpr int64_t kColsPerBlock = 16;  // output columns per zmm register
 constexpr int kMaxRows = 6;           // rows of x per register tile
 constexpr int kMaxBlocks = 4;         // 16-column blocks per register tile (6 x 4 accumulators + 4 weights)
-#ifndef SARATHI_GEMV_PREFETCH
-#define SARATHI_GEMV_PREFETCH 0
-#endif
-// Pairs ahead to prefetch each weight stream in few-row tiles (0: the hardware prefetcher alone).
-constexpr int64_t kPrefetchPairs = SARATHI_GEMV_PREFETCH;
 
 using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t,
                         const float*, int64_t);
@@ -44,12 +39,6 @@ __attribute__((target("avx512f,avx512bf16"))) void tile(
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) rows[i] = reinterpret_cast<const int32_t*>(x + i * ldx);
   for (int64_t p = 0; p < pairs; ++p) {
-    if constexpr (kPrefetchPairs > 0 && MR <= 2) {
-#pragma GCC unroll 8
-      for (int j = 0; j < NB; ++j)
-        _mm_prefetch(reinterpret_cast<const char*>(w + j * block_stride + (p + kPrefetchPairs) * 2 * kColsPerBlock),
-                     _MM_HINT_T0);
-    }
     __m512bh wv[NB];
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j)
