@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cpu_load import busy_seconds, children_seconds, foreign_load, own_seconds
 
 DECODE_STEPS = 16
 
@@ -56,35 +60,19 @@ def parse_batched_bench(stdout: str) -> dict[int, float]:
     return out
 
 
-def _busy_seconds() -> float:
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def _children_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def _self_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def run_guarded(cmd: list[str], max_foreign: float, tries: int = 3) -> tuple[str, float]:
     """Run ``cmd`` to completion (stdout, worst-accepted foreign load), repeating it when other processes
     used more than ``max_foreign`` of the machine meanwhile (its own and our CPU time do not count)."""
     ncpu = os.cpu_count() or 1
     foreign = 0.0
     for _ in range(tries):
-        busy0, kids0, own0, t0 = _busy_seconds(), _children_seconds(), _self_seconds(), time.perf_counter()
+        busy0, kids0, own0, t0 = busy_seconds(), children_seconds(), own_seconds(), time.perf_counter()
         done = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         if done.returncode != 0:
             raise RuntimeError(f"{Path(cmd[0]).name} failed ({done.returncode}): {done.stderr[-800:]}")
-        ours = (_children_seconds() - kids0) + (_self_seconds() - own0)
-        foreign = max(0.0, (_busy_seconds() - busy0) - ours) / (wall * ncpu)
+        ours = (children_seconds() - kids0) + (own_seconds() - own0)
+        foreign = foreign_load(busy_seconds() - busy0, ours, 0.0, wall, ncpu)
         if foreign <= max_foreign:
             break
     return done.stdout, foreign

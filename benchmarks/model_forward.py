@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from cpu_load import busy_seconds, foreign_load, own_seconds
 from record import save_result  # benchmarks/ is on sys.path when this file runs as a script
 
 from sarathi.model import (
@@ -58,19 +59,6 @@ def precision_name(dtype: torch.dtype, compute: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _busy_seconds() -> float:
-    """CPU seconds all processes have spent busy (from /proc/stat)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + fields[4]
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
 def timed(fn: Callable[[], object], reps: int) -> tuple[float, float]:
     """(median seconds per call, worst foreign load of the accepted repetitions) over `reps` guarded reps."""
     fn()  # warm-up: oneDNN builds its kernels for a new shape on first use
@@ -79,11 +67,11 @@ def timed(fn: Callable[[], object], reps: int) -> tuple[float, float]:
     ncpu = os.cpu_count() or 1
     for _ in range(reps):
         for _attempt in range(5):
-            busy0, own0, t0 = _busy_seconds(), _own_seconds(), time.perf_counter()
+            busy0, own0, t0 = busy_seconds(), own_seconds(), time.perf_counter()
             for _ in range(calls):
                 fn()
             wall = time.perf_counter() - t0
-            foreign = max(0.0, (_busy_seconds() - busy0) - (_own_seconds() - own0)) / (wall * ncpu)
+            foreign = foreign_load(busy_seconds() - busy0, own_seconds() - own0, 0.0, wall, ncpu)
             if foreign <= MAX_FOREIGN_LOAD:
                 break
         per_call.append(wall / calls)

@@ -33,13 +33,9 @@ TBT and TTFT CDFs at one shared load per workload.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import math
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -48,6 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from cpu_load import busy_seconds, foreign_load, own_seconds
 from llama_cpp_build import (
     LLAMA_CPP_PYTHON_VERSION,
     binary,
@@ -57,6 +54,7 @@ from llama_cpp_build import (
     llama_cpp_version,
 )
 from record import save_result
+from server_process import HOST, RunningServer, free_port
 
 from sarathi.benchmark.capacity import Probe, SearchSettings, Slo, find_capacity
 
@@ -69,7 +67,6 @@ LENGTH_SCALE = 0.125
 MAX_TOTAL_TOKENS = 1024
 LLAMA_THREADS, LLAMA_PARALLEL, LLAMA_CTX = 2, 16, 32768
 MAX_FOREIGN_LOAD = 0.08
-HOST = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -143,136 +140,6 @@ def server_command(setting: ServerSetting, port: int, model_gguf: str | Path | N
     if setting.server == "sarathi":
         return sarathi_serve_command(port, setting.knob)
     raise ValueError(f"unknown server {setting.server!r}")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Foreign CPU load (as benchmarks/model_forward.py): busy CPU seconds of the whole machine minus our own
-# process and the server's process session.
-
-
-def _busy_seconds() -> float:
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + fields[4]
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def parse_proc_stat(text: str) -> tuple[int, float]:
-    """(session id, CPU ticks of the process and its reaped children) from a /proc/<pid>/stat line."""
-    rest = text[text.rindex(")") + 2 :].split()  # rest[0] is field 3 (state)
-    return int(rest[3]), float(sum(int(x) for x in rest[11:15]))
-
-
-def session_cpu_seconds(sid: int) -> float:
-    """CPU seconds of every live process in session ``sid`` (with the children they have reaped)."""
-    ticks = 0.0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                s, t = parse_proc_stat(f.read())
-        except (OSError, ValueError, IndexError):
-            continue
-        if s == sid:
-            ticks += t
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _own_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
-def foreign_load(busy: float, own: float, server: float, wall: float, ncpu: int) -> float:
-    """Share of the machine other processes used: (busy - ours - the server's) / (wall x cores)."""
-    if wall <= 0:
-        return 0.0
-    return max(0.0, busy - own - server) / (wall * ncpu)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Servers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-class RunningServer:
-    """A server process in its own session; ``stop`` ends it by its PID (SIGTERM, then SIGKILL), then any
-    process it left in its session, each by its PID."""
-
-    def __init__(self, command: Sequence[str], port: int, log_path: Path, ready_timeout: float = 600.0):
-        self.url = f"http://{HOST}:{port}"
-        self.log_path = log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log_path, "wb")  # noqa: SIM115  (closed in stop)
-        self.proc = subprocess.Popen(
-            list(command), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        self.pid = self.proc.pid
-        try:
-            self._wait_ready(ready_timeout)
-        except BaseException:
-            self.stop()
-            raise
-
-    def _wait_ready(self, timeout: float) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"the server exited ({self.proc.returncode}); see {self.log_path}:\n" + self.log_tail()
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/v1/models", timeout=5).status_code == 200:
-                    return
-            time.sleep(0.5)
-        raise RuntimeError(f"the server was not ready after {timeout:.0f} s; see {self.log_path}")
-
-    def log_tail(self, lines: int = 15) -> str:
-        self._log.flush()
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def cpu_seconds(self) -> float:
-        return session_cpu_seconds(self.pid)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        for pid in _session_pids(self.pid):  # e.g. an engine process its parent did not end
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        self._log.close()
-
-    def __enter__(self) -> RunningServer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def _session_pids(sid: int) -> list[int]:
-    pids = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat") as f:
-                    if parse_proc_stat(f.read())[0] == sid:
-                        pids.append(int(entry.name))
-            except (OSError, ValueError, IndexError):
-                continue
-    return pids
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -359,11 +226,11 @@ def measure_probe(
     ncpu = os.cpu_count() or 1
     for attempt in range(1, retries + 2):
         requests = make_requests(attempt)
-        busy0, own0, srv0, t0 = _busy_seconds(), _own_seconds(), server.cpu_seconds(), time.perf_counter()
+        busy0, own0, srv0, t0 = busy_seconds(), own_seconds(), server.cpu_seconds(), time.perf_counter()
         store, errors = run_http(server.url, requests, progress=False)
         wall = time.perf_counter() - t0
         load = foreign_load(
-            _busy_seconds() - busy0, _own_seconds() - own0, server.cpu_seconds() - srv0, wall, ncpu
+            busy_seconds() - busy0, own_seconds() - own0, server.cpu_seconds() - srv0, wall, ncpu
         )
         s = store.summary()
         rec = ProbeRecord(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import cpu_load
 from benchmarks import llama_cpp_build as build
 from benchmarks import vs_llama_cpp as vs
 
@@ -71,15 +72,15 @@ def test_build_commands_build_only_the_needed_targets_without_the_web_ui():
 
 def test_parse_proc_stat_handles_spaces_and_parens_in_the_name():
     fields = ["S", "1", "100", "4242"] + ["0"] * 7 + ["50", "25", "10", "5"] + ["0"] * 30
-    sid, ticks = vs.parse_proc_stat("123 (a (b) c) " + " ".join(fields))
+    sid, ticks = cpu_load.parse_proc_stat("123 (a (b) c) " + " ".join(fields))
     assert sid == 4242 and ticks == 90
 
 
 def test_foreign_load():
     # 2 cores for 10 s; 14 busy CPU-seconds of which we used 1 and the server 12: 1 s foreign = 5%.
-    assert vs.foreign_load(14.0, 1.0, 12.0, 10.0, 2) == pytest.approx(0.05)
-    assert vs.foreign_load(10.0, 1.0, 12.0, 10.0, 2) == 0.0
-    assert vs.foreign_load(1.0, 0.0, 0.0, 0.0, 2) == 0.0
+    assert cpu_load.foreign_load(14.0, 1.0, 12.0, 10.0, 2) == pytest.approx(0.05)
+    assert cpu_load.foreign_load(10.0, 1.0, 12.0, 10.0, 2) == 0.0
+    assert cpu_load.foreign_load(1.0, 0.0, 0.0, 0.0, 2) == 0.0
 
 
 def _record(qps, tbt_p99, ttft_p50=0.2, failed=0):
