@@ -32,6 +32,7 @@ from sarathi.model.embedded import cache_root
 logger = logging.getLogger(__name__)
 
 _SOURCES = sorted((Path(__file__).parent / "csrc").glob("*.cpp"))
+_HEADERS = sorted((Path(__file__).parent / "csrc").glob("*.h"))
 _FLAGS = ["-O3", "-fopenmp"]
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ok": bool, "why": str once decided
@@ -39,7 +40,7 @@ _state: dict[str, object] = {}  # "ok": bool, "why": str once decided
 
 def _build_dir() -> Path:
     key = hashlib.sha256(torch.__version__.encode() + " ".join(_FLAGS).encode())
-    for source in _SOURCES:
+    for source in [*_SOURCES, *_HEADERS]:
         key.update(source.name.encode() + source.read_bytes())
     return cache_root() / "kernels" / f"sarathi_kernels-{key.hexdigest()[:16]}"
 

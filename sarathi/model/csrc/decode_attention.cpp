@@ -17,6 +17,12 @@
 #include <cstdint>
 #include <vector>
 
+// vec_math.h is AVX-512 code, compiled for it (callers run only where cpu_supported() says so).
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#include "vec_math.h"
+#pragma GCC pop_options
+
 namespace sarathi_kernels {
 
 // Everything from here is compiled for AVX-512; the Python side runs it only where cpu_supported() says so.
@@ -42,23 +48,6 @@ inline __m512 load16<at::BFloat16>(const at::BFloat16* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
-// e^x for x <= 0 (softmax after subtracting the max): 2^(x log2 e) split into 2^n * 2^f, f in [-0.5, 0.5],
-// 2^f by a degree-6 polynomial (relative error < 2e-7); very negative x underflows to 0.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_set1_ps(1.5353362e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3398874e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-
 // Each of `rows` rows of `context` scores -> its softmax, in place.
 void softmax_rows(float* scores, int64_t rows, int64_t context) {
   const int64_t full = context / kLanes * kLanes;
@@ -71,12 +60,12 @@ void softmax_rows(float* scores, int64_t rows, int64_t context) {
     const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
     __m512 sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < full; j += kLanes) {
-      const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j), m));
+      const __m512 e = vec::exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), m));
       _mm512_storeu_ps(s + j, e);
       sum = _mm512_add_ps(sum, e);
     }
     if (tail) {
-      const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + full), m));
+      const __m512 e = vec::exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + full), m));
       _mm512_mask_storeu_ps(s + full, tail, e);
       sum = _mm512_mask_add_ps(sum, tail, sum, e);
     }

@@ -14,6 +14,12 @@
 #include <cstdint>
 #include <optional>
 
+// vec_math.h is AVX-512 code, compiled for it (callers run only where cpu_supported() says so).
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#include "vec_math.h"
+#pragma GCC pop_options
+
 namespace sarathi_kernels {
 
 #pragma GCC push_options
@@ -23,21 +29,7 @@ namespace {
 
 constexpr int64_t kLanes = 16;
 
-// e^x for any float x (clamped to where float32 neither overflows nor fully underflows).
-inline __m512 exp_ps(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(88.0f));
-  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_set1_ps(1.5353362e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3398874e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
+using vec::exp_ps;
 
 inline __mmask16 tail_mask(int64_t left) {
   return left >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u);
