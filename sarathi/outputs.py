@@ -70,7 +70,8 @@ class RequestOutput:
     ``text`` (everything) and ``metrics`` are set on a request's final output only, so each output costs
     O(new tokens), in-process and in transport. ``prompt_logprobs`` (asked for with
     ``SamplingParams.prompt_logprobs``) comes with the first token: one entry per prompt token, None for
-    the first. ``choices`` holds all choices of a request with ``n`` > 1 (best first) in the offline API's
+    the first. ``num_cached_tokens``: the prompt tokens the prefix cache held when the request was
+    admitted. ``choices`` holds all choices of a request with ``n`` > 1 (best first) in the offline API's
     results; ``outputs`` reads the same whether or not there are several.
     """
 
@@ -91,6 +92,7 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     logprobs: list[TokenLogprob] | None = None  # every output token's, on the final output (if asked)
     choices: tuple[RequestOutput, ...] | None = None
+    num_cached_tokens: int = 0  # prompt tokens read from the prefix cache at admission
 
     @property
     def outputs(self) -> list[RequestOutput]:

@@ -66,6 +66,8 @@ class Sequence:
     token_times: list[float] = field(default_factory=list)
     finished_time: float | None = None
     num_preemptions: int = 0
+    # Prompt tokens the prefix cache held when the request was first admitted (usage's cached_tokens).
+    num_cached_tokens: int = 0
     stop_reason: int | str | None = None
     # Prefix-cache keys of its full blocks (core/block_hash.py), extended as tokens are added.
     block_hashes: list[bytes] = field(default_factory=list, repr=False)

@@ -88,6 +88,7 @@ class OutputProcessor:
             token_time=now,
             prompt_logprobs=self._prompt_logprobs_to_send(seq.seq_id, finished),
             logprobs=all_logprobs if finished else None,
+            num_cached_tokens=seq.num_cached_tokens,
         )
         if seq.is_finished:
             self.remove(seq.seq_id)

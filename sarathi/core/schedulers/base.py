@@ -257,6 +257,8 @@ class Scheduler(ABC):
         bm = self.block_manager
         num_hits = bm.allocate(seq.seq_id, reserve_tokens, self._reusable_hashes(seq))
         seq.num_computed_tokens = num_hits * bm.block_size
+        if seq.first_scheduled_time is None:  # a preempted request's re-admission does not count
+            seq.num_cached_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)
         if bm.enable_caching:
             batch.prefix_cache_queries += seq.num_tokens
             batch.prefix_cache_hits += seq.num_computed_tokens

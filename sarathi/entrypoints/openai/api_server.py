@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,7 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import sarathi
-from sarathi.engine.core_client import EngineDeadError, RequestRejectedError, RequestStream
+from sarathi.engine.core_client import EngineDeadError, RequestStream
 from sarathi.entrypoints.openai import refusals
 from sarathi.entrypoints.openai.choices import (
     ChoiceJob,
@@ -29,6 +28,14 @@ from sarathi.entrypoints.openai.choices import (
     echoed_delta,
     fan_out,
     pick_best,
+)
+from sarathi.entrypoints.openai.engine_requests import (
+    collect,
+    deltas,
+    engine_dead,
+    internal_error,
+    sse,
+    submit,
 )
 from sarathi.entrypoints.openai.guards import AccessPolicy, install_access_policy
 from sarathi.entrypoints.openai.openapi_docs import document_request_bodies
@@ -49,13 +56,8 @@ from sarathi.entrypoints.openai.response_formats import (
 from sarathi.entrypoints.openai.server_state import ServerState
 from sarathi.entrypoints.openai.tokenize_api import DetokenizeRequest, TokenizeRequest, add_tokenize_routes
 from sarathi.entrypoints.openai.tool_calls import plan_tools
-from sarathi.outputs import RequestOutput, TokenLogprob
-from sarathi.sampling_params import SamplingParams
 
 __all__ = ["ServerState", "create_app"]
-
-# How often a request waiting for its next token checks whether its client went away.
-_DISCONNECT_POLL_S = 0.5
 
 
 def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAPI:
@@ -89,21 +91,24 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
     @app.exception_handler(Exception)
     async def _internal(_: Request, e: Exception) -> JSONResponse:
         # A bug: still an OpenAI-style body, never a plain-text 500.
-        return JSONResponse(_internal_error(f"{type(e).__name__}: {e}").body(), status_code=500)
+        return JSONResponse(internal_error(f"{type(e).__name__}: {e}").body(), status_code=500)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        # Keeps the exception's headers: a 405 names the allowed methods in Allow.
         return JSONResponse(
-            APIError(str(e.detail), e.status_code, type=kind).body(), status_code=e.status_code
+            APIError(str(e.detail), e.status_code, type=kind).body(),
+            status_code=e.status_code,
+            headers=e.headers,
         )
 
     @app.get("/health")
-    async def health() -> Response:
+    async def health() -> dict:
         if not state.client.is_healthy:
             reason = state.client.dead_reason or "engine core is not responding"
             raise APIError(reason, 503, type="server_error", code="engine_dead")
-        return Response(status_code=200)
+        return {"status": "ok"}
 
     @app.get("/version")
     async def version() -> dict:
@@ -169,7 +174,7 @@ async def _respond(
     ids = [request_id] if len(choices) == 1 else [f"{request_id}-{i}" for i in range(len(choices))]
     submitted = await asyncio.gather(
         *(
-            _submit(
+            submit(
                 state,
                 rid,
                 jobs[c.prompt].prompt_ids,
@@ -186,6 +191,8 @@ async def _respond(
                 stream.close()  # aborts the accepted ones
         raise failed[0]
     streams: list[RequestStream] = list(submitted)
+    for job in jobs:
+        state.metrics.observe_request_params(job.params)
     created = int(time.time())
     if req.stream:
         events = _stream_events(state, raw, req, fmt, streams, request_id, created, jobs, choices)
@@ -195,11 +202,11 @@ async def _respond(
     try:
         async with asyncio.TaskGroup() as group:  # one failing choice cancels (aborts) the others
             tasks = [
-                group.create_task(_collect(state, raw, stream, len(jobs[c.prompt].prompt_ids), c.params))
+                group.create_task(collect(state, raw, stream, len(jobs[c.prompt].prompt_ids), c.params))
                 for stream, c in zip(streams, choices, strict=True)
             ]
     except* EngineDeadError as e:
-        raise APIError(str(e.exceptions[0]), 503, type="server_error", code="engine_dead") from None
+        raise engine_dead(e.exceptions[0]) from None
     except* APIError as e:
         raise e.exceptions[0] from None
     results = [t.result() for t in tasks]
@@ -223,74 +230,6 @@ def _echo_text(state: ServerState, prompt: str | list[int]) -> str:
     return "" if state.tokenizer is None else state.tokenizer.decode(prompt, skip_special_tokens=False)
 
 
-async def _submit(
-    state: ServerState, request_id: str, prompt_ids: list[int], params: SamplingParams, after: str | None
-):
-    try:
-        return await state.client.add_request(request_id, prompt_ids, params, time.monotonic(), after)
-    except RequestRejectedError as e:
-        state.metrics.observe_request_end("rejected", 0)
-        if e.overloaded:
-            raise APIError(
-                str(e), 429, type="rate_limit_error", code="overloaded", headers={"Retry-After": "1"}
-            ) from e
-        if e.internal:
-            raise _internal_error(str(e)) from e
-        raise APIError(str(e), param=_param_of(str(e))) from e
-    except EngineDeadError as e:
-        raise APIError(str(e), 503, type="server_error", code="engine_dead") from e
-
-
-async def _collect(
-    state: ServerState, raw: Request, stream: RequestStream, num_prompt_tokens: int, params: SamplingParams
-) -> ChoiceResult | None:
-    """A request's whole output; None if the client went away first."""
-    text, finish, num_output, prompt_logprobs = [], None, 0, None
-    logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
-    async for delta in _deltas(state, raw, stream, num_prompt_tokens):
-        if delta.error is not None:
-            raise _internal_error(delta.error)
-        text.append(delta.new_text)
-        finish, num_output = delta.finish_reason, delta.num_output_tokens
-        if logprobs is not None:
-            logprobs.extend(delta.new_logprobs or ())
-        if delta.prompt_logprobs is not None:
-            prompt_logprobs = delta.prompt_logprobs
-    if finish is None:
-        return None
-    return ChoiceResult("".join(text), finish, logprobs, num_prompt_tokens, num_output, prompt_logprobs)
-
-
-async def _deltas(
-    state: ServerState, raw: Request, stream: RequestStream, num_prompt_tokens: int
-) -> AsyncIterator[RequestOutput]:
-    """A request's deltas; aborts it in the engine if the client disconnects or the consumer stops early."""
-    checked, num_output = time.monotonic(), 0
-    try:
-        while not stream.finished:
-            delta = await stream.next(timeout=_DISCONNECT_POLL_S)
-            # Checked while tokens flow too: a non-streaming client that left is only seen this way.
-            if delta is None or time.monotonic() - checked >= _DISCONNECT_POLL_S:
-                checked = time.monotonic()
-                if await raw.is_disconnected():
-                    return
-            if delta is None:
-                continue
-            num_output = delta.num_output_tokens
-            if delta.finished:
-                state.metrics.observe_request_end(
-                    delta.finish_reason, num_prompt_tokens, delta.metrics, num_output
-                )
-            yield delta
-    except EngineDeadError:
-        state.metrics.observe_request_end("error", num_prompt_tokens, None, num_output)
-        raise
-    finally:
-        if not stream.finished:
-            state.metrics.observe_request_end("abort", num_prompt_tokens, None, num_output)
-            stream.close()
-
-
 async def _stream_events(
     state: ServerState,
     raw: Request,
@@ -310,7 +249,7 @@ async def _stream_events(
 
     async def pump(index: int, stream: RequestStream) -> None:
         try:
-            async for delta in _deltas(state, raw, stream, prompt_lens[index]):
+            async for delta in deltas(state, raw, stream, prompt_lens[index]):
                 queue.put_nowait((index, delta))
         except EngineDeadError as e:
             queue.put_nowait((index, e))
@@ -319,6 +258,7 @@ async def _stream_events(
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
     first, num_output, finished, open_streams = [True] * len(streams), [0] * len(streams), 0, len(streams)
+    cached = [0] * len(streams)  # prefix-cache hits of each prompt's first choice (usage counts it once)
     try:
         while open_streams:
             index, item = await queue.get()
@@ -326,44 +266,30 @@ async def _stream_events(
                 open_streams -= 1
                 continue
             if isinstance(item, EngineDeadError):
-                yield _sse(APIError(str(item), 503, type="server_error", code="engine_dead").body())
+                yield sse(engine_dead(item).body())
                 break
             if item.error is not None:
-                yield _sse(_internal_error(item.error).body())
+                yield sse(internal_error(item.error).body())
                 break
             if first[index]:
                 item = echoed_delta(jobs[choices[index].prompt], item)
             # One chunk per generated token, even when its text is held back (a partial character).
             chunk = fmt.chunk(request_id, created, item, first[index], index)
             num_output[index] = item.num_output_tokens
+            if choices[index].first_of_prompt:
+                cached[index] = item.num_cached_tokens
             if req.continuous_usage:
-                chunk["usage"] = usage(prompt_lens[index], item.num_output_tokens)
+                chunk["usage"] = usage(prompt_lens[index], item.num_output_tokens, item.num_cached_tokens)
             first[index] = False
-            yield _sse(chunk)
+            yield sse(chunk)
             finished += item.finished
         if finished == len(streams) and req.include_usage:
             num_prompt = sum(len(job.prompt_ids) for job in jobs)
-            yield _sse(fmt.usage_chunk(request_id, created, usage(num_prompt, sum(num_output))))
+            total = usage(num_prompt, sum(num_output), sum(cached))
+            yield sse(fmt.usage_chunk(request_id, created, total))
     finally:
         for task in tasks:
             task.cancel()
         with contextlib.suppress(Exception):
             await asyncio.gather(*tasks, return_exceptions=True)
     yield "data: [DONE]\n\n"
-
-
-def _internal_error(message: str) -> APIError:
-    """A 500 for a request the engine failed (a server bug); other requests are unaffected."""
-    return APIError(f"internal error: {message}", 500, type="internal_server_error", code="internal_error")
-
-
-def _param_of(message: str) -> str | None:
-    """The request field an engine rejection message names, if any."""
-    for param in ("stop_token_ids", "prompt"):
-        if param in message:
-            return param
-    return None
-
-
-def _sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"

@@ -40,6 +40,7 @@ class ChoiceResult:
     num_prompt_tokens: int  # counted once per prompt: 0 for a prompt's second and later choices
     num_output_tokens: int
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    num_cached_tokens: int = 0  # of the prompt, read from the prefix cache (0 where num_prompt_tokens is)
 
 
 def fan_out(jobs: list[PromptJob]) -> list[ChoiceJob]:
@@ -67,7 +68,7 @@ def pick_best(
                 mine = [dataclasses.replace(r, logprobs=None) for r in mine]
         # Usage counts a prompt once, however many choices it has.
         mine = [
-            dataclasses.replace(r, num_prompt_tokens=0 if i else r.num_prompt_tokens)
+            dataclasses.replace(r, num_prompt_tokens=0, num_cached_tokens=0) if i else r
             for i, r in enumerate(mine)
         ]
         kept.extend(mine)

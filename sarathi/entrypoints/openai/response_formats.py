@@ -140,17 +140,23 @@ class ChatFormat(CompletionFormat):
         return {"content": content, "refusal": None}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """``usage`` of completions and chat; ``cached_tokens``: prompt tokens the prefix cache held."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
 def total_usage(results: list[ChoiceResult]) -> dict:
     """``usage`` summed over the choices of one response."""
-    return usage(sum(r.num_prompt_tokens for r in results), sum(r.num_output_tokens for r in results))
+    return usage(
+        sum(r.num_prompt_tokens for r in results),
+        sum(r.num_output_tokens for r in results),
+        sum(r.num_cached_tokens for r in results),
+    )
 
 
 class ToolChatFormat(ChatFormat):

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from sarathi.engine.core_messages import CoreOutputs
 from sarathi.entrypoints.openai.vllm_metrics import VllmMetrics
 from sarathi.outputs import RequestMetrics
+from sarathi.sampling_params import SamplingParams
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 20, 30, 60, 120)
 _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -124,6 +125,10 @@ class ServerMetrics:
         for delta in out.outputs:
             self.generation_tokens.inc(len(delta.new_token_ids))
             self.vllm.observe_delta(delta)
+
+    def observe_request_params(self, params: SamplingParams) -> None:
+        """An accepted API request's sampling parameters (its ``n`` and ``max_tokens``)."""
+        self.vllm.observe_request_params(params)
 
     def observe_request_end(
         self,
