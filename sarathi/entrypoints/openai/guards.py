@@ -19,6 +19,8 @@ PROMPT_CHARS_PER_TOKEN = 32
 DEFAULT_MAX_STOP_STRINGS = 32
 DEFAULT_MAX_STOP_STRING_CHARS = 256
 MAX_LOGPROBS = 20  # OpenAI's bound on top_logprobs, and the most SamplingParams accepts
+# Routes outside /v1/ that use the model (and so need the key and a JSON body like /v1/*).
+_GUARDED_PATHS = ("/tokenize", "/detokenize")
 
 
 @dataclass(frozen=True)
@@ -98,8 +100,8 @@ def _too_large(size: int, limit: int) -> APIError:
 
 @dataclass(frozen=True)
 class AccessPolicy:
-    """Who may call the API: a bearer key for /v1/* (None: anyone), browser origins allowed by CORS, and
-    the Host names accepted (None: any)."""
+    """Who may call the API: a bearer key for /v1/* and the tokenizer routes (None: anyone), browser
+    origins allowed by CORS, and the Host names accepted (None: any)."""
 
     api_key: str | None = None
     allowed_origins: tuple[str, ...] = ()
@@ -138,7 +140,7 @@ class AccessCheck:
             host = _host_name(headers.get("host", ""))
             if host not in policy.allowed_hosts:
                 return APIError(f"the Host header {host!r} is not allowed", 400, code="invalid_host")
-        if not path.startswith("/v1/") or method == "OPTIONS":
+        if not (path.startswith("/v1/") or path in _GUARDED_PATHS) or method == "OPTIONS":
             return None
         if policy.api_key is not None:
             expected = f"Bearer {policy.api_key}".encode()
