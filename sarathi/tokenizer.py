@@ -34,6 +34,12 @@ class Tokenizer:
         return self._tok.eos_token_id
 
     @property
+    def chat_template(self) -> str | None:
+        """The chat template's source (None if the tokenizer has none)."""
+        template = self._tok.chat_template
+        return template if isinstance(template, str) or template is None else str(template)
+
+    @property
     def vocab_size(self) -> int:
         return len(self._tok)
 

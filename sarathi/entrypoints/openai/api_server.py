@@ -148,7 +148,13 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
     async def chat_completions(raw: Request) -> Response:
         req = await parse_request(state, raw, ChatCompletionRequest, refusals.CHAT)
         check_model(state, req.model)
-        tools = plan_tools(req.tools, req.tool_choice, state.tool_call_parser, state.enable_auto_tool_choice)
+        tools = plan_tools(
+            req.tools,
+            req.tool_choice,
+            state.tool_call_parser,
+            state.enable_auto_tool_choice,
+            parallel=req.parallel_tool_calls is not False,
+        )
         prompt_ids = await encode_chat(state, req.messages, req.add_generation_prompt, tools=tools)
         params = sampling_params_for(state, req, len(prompt_ids), req.requested_max_tokens, "messages", tools)
         show_prompt_logprobs = req.prompt_logprobs is not None

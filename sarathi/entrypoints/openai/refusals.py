@@ -3,7 +3,7 @@
 A field left out, null, or set to the value that asks for the default behaviour passes; any other value
 is a 400 naming the field (``param``) with ``code: "unsupported"``, never a 200 that silently ignores it.
 Fields that are neither honoured nor listed here are ignored only because they change nothing alone
-(``user``, ``parallel_tool_calls``, ``guided_decoding_backend``).
+(``user``, ``guided_decoding_backend``).
 """
 
 from __future__ import annotations

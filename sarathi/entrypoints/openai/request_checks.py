@@ -160,6 +160,8 @@ def sampling_params_for(
                 param="tool_choice",
             )
         constraint = tool_constraint
+    if tools is not None and tools.stop_strings():
+        params = dataclasses.replace(params, stop=(*params.stop, *tools.stop_strings()))
     if constraint is not None:
         if state.tokenizer is None:
             raise APIError("this model has no tokenizer; structured outputs need one", code="unsupported")

@@ -21,7 +21,7 @@ from sarathi.entrypoints.openai.guards import (
     AccessPolicy,
     RequestLimits,
 )
-from sarathi.entrypoints.openai.tool_calls import TOOL_CALL_PARSERS
+from sarathi.entrypoints.openai.tool_calls import TOOL_CALL_PARSERS, choose_tool_parser
 
 DEFAULT_PORT = 8000
 
@@ -79,12 +79,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--tool-call-parser",
         choices=list(TOOL_CALL_PARSERS),
         default=None,
-        help="how tool calls are read from free output (needed for tool_choice 'auto')",
+        help="how tool calls are read from free output for tool_choice 'auto' (default: chosen from the "
+        "model's chat template, printed at start-up)",
     )
     tools.add_argument(
         "--enable-auto-tool-choice",
-        action="store_true",
-        help="allow tool_choice 'auto' (with --tool-call-parser); 'required' and named functions always work",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="tool_choice 'auto' (the default with tools); --no-enable-auto-tool-choice refuses it. "
+        "'required' and named functions always work",
     )
     add_engine_args(p)
     p.set_defaults(run=run)
@@ -155,8 +158,15 @@ async def _serve(args: argparse.Namespace, config, limits: RequestLimits, policy
         budget = sched.token_budget if sched.name in ("sarathi", "simple_chunking") else None
         metrics = ServerMetrics(name, budget)
         state = ServerState(client, name, tokenizer, metrics, int(time.time()), limits)
-        state.tool_call_parser = args.tool_call_parser
+        parser, why = choose_tool_parser(tokenizer.chat_template if tokenizer else None)
+        if args.tool_call_parser is not None:
+            parser, why = args.tool_call_parser, "--tool-call-parser"
+        state.tool_call_parser = parser
         state.enable_auto_tool_choice = args.enable_auto_tool_choice
+        if args.enable_auto_tool_choice:
+            print(f"sarathi serve: tool_choice 'auto' on, tool call parser {parser} ({why})", flush=True)
+        else:
+            print("sarathi serve: tool_choice 'auto' off (--no-enable-auto-tool-choice)", flush=True)
         app = create_app(state, policy)
         server = uvicorn.Server(
             uvicorn.Config(

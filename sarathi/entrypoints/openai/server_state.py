@@ -20,8 +20,8 @@ class ServerState:
     metrics: ServerMetrics
     created: int
     limits: RequestLimits = field(default_factory=RequestLimits)
-    tool_call_parser: str | None = None  # --tool-call-parser
-    enable_auto_tool_choice: bool = False  # --enable-auto-tool-choice
+    tool_call_parser: str | None = "hermes"  # chosen from the chat template, or --tool-call-parser
+    enable_auto_tool_choice: bool = True  # --no-enable-auto-tool-choice turns tool_choice "auto" off
 
     @property
     def max_model_len(self) -> int:

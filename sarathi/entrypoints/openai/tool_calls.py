@@ -6,11 +6,15 @@ Hermes style (JSON signatures inside ``<tools>``, calls as ``<tool_call>{"name",
 for every model. ``tool_choice``:
 
 - ``"none"``: the tools are not shown and nothing is parsed.
-- ``"auto"`` (the default when tools are given): needs ``--enable-auto-tool-choice`` and a
-  ``--tool-call-parser`` (as vLLM); the output is free and the parser reads calls out of it.
+- ``"auto"`` (the default when tools are given): on by default (``--no-enable-auto-tool-choice`` turns
+  it off); the output is free and the parser (``choose_tool_parser``: from the model's chat template, or
+  ``--tool-call-parser``) reads calls out of it.
 - ``"required"``: the output is constrained to a JSON array of ``{"name", "parameters"}`` objects, one of
   the tools each, with that tool's parameter schema.
 - a named function: the output is constrained to that function's parameter schema and is its arguments.
+
+``parallel_tool_calls: false`` allows exactly one call: "required"'s array has one item, and "auto" output
+ends at the first ``</tool_call>``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from sarathi.entrypoints.openai.protocol import APIError
 from sarathi.structured_output import StructuredOutput
 
 TOOL_CALL_PARSERS = ("hermes",)
+_HERMES_CLOSE = "</tool_call>"
 _ANY_PARAMETERS = {"type": "object"}
 _HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
@@ -68,6 +73,7 @@ class ToolPlan:
     mode: Literal["auto", "required", "named"]
     functions: tuple[ToolFunction, ...]
     named: str | None = None
+    parallel: bool = True  # False: at most one call (parallel_tool_calls: false)
 
     def system_prompt(self) -> str:
         signatures = "\n".join(json.dumps(f.signature(), ensure_ascii=False) for f in self.functions)
@@ -93,11 +99,19 @@ class ToolPlan:
                 }
                 for f in self.functions
             ]
-            return StructuredOutput.json_schema({"type": "array", "minItems": 1, "items": {"anyOf": calls}})
+            array = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+            if not self.parallel:
+                array["maxItems"] = 1
+            return StructuredOutput.json_schema(array)
         return None
 
+    def stop_strings(self) -> tuple[str, ...]:
+        """Extra stop strings: a single "auto" call ends the output (the text after it would be dropped)."""
+        return (_HERMES_CLOSE,) if self.mode == "auto" and not self.parallel else ()
+
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """The output's remaining content (None if nothing is left) and the calls it makes."""
+        """The output's remaining content (None if nothing is left) and the calls it makes. Output cut
+        off by ``max_tokens`` gives the calls completed before the cut."""
         if self.mode == "named":
             return None, [ToolCall(self.named, text)]
         if self.mode == "required":
@@ -105,9 +119,13 @@ class ToolPlan:
                 items = json.loads(text)
                 calls = [ToolCall(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in items]
             except (ValueError, TypeError, KeyError):
-                return text, []
+                from sarathi.entrypoints.openai.tool_stream import complete_calls  # it imports ToolCall
+
+                calls = [ToolCall(name, arguments) for name, arguments in complete_calls(text)]
+                return (None, calls) if calls else (text, [])
             return None, calls
-        return _parse_hermes(text)
+        content, calls = _parse_hermes(text)
+        return content, calls if self.parallel else calls[:1]
 
     def _function(self, name: str | None) -> ToolFunction:
         return next(f for f in self.functions if f.name == name)
@@ -131,8 +149,20 @@ def _parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
     return (content or None) if calls else text, calls
 
 
-def plan_tools(tools: Any, tool_choice: Any, parser: str | None, auto_enabled: bool) -> ToolPlan | None:
-    """The request's ``ToolPlan`` (None: no tools in play); APIError naming the field otherwise."""
+def choose_tool_parser(chat_template: str | None) -> tuple[str, str]:
+    """The parser for "auto" tool calls of a model with this chat template, and why."""
+    if chat_template and "<tool_call>" in chat_template:
+        return "hermes", "its chat template writes Hermes <tool_call> tags"
+    if chat_template and "tools" in chat_template:
+        return "hermes", "its chat template's tool format has no parser here; tools are prompted Hermes-style"
+    return "hermes", "its chat template has no tool format; tools are prompted Hermes-style"
+
+
+def plan_tools(
+    tools: Any, tool_choice: Any, parser: str | None, auto_enabled: bool, parallel: bool = True
+) -> ToolPlan | None:
+    """The request's ``ToolPlan`` (None: no tools in play); APIError naming the field otherwise.
+    ``parallel``: False allows exactly one call (``parallel_tool_calls: false``)."""
     if tool_choice is None:
         tool_choice = "auto" if tools else "none"
     if not tools or tool_choice == "none":
@@ -143,13 +173,13 @@ def plan_tools(tools: Any, tool_choice: Any, parser: str | None, auto_enabled: b
     if tool_choice == "auto":
         if not (auto_enabled and parser):
             raise APIError(
-                'tool_choice: "auto" needs the server started with --enable-auto-tool-choice and '
-                '--tool-call-parser; use "required" or a named function',
+                'tool_choice: "auto" is turned off on this server (--no-enable-auto-tool-choice); use '
+                '"required" or a named function',
                 param="tool_choice",
             )
-        return ToolPlan("auto", functions)
+        return ToolPlan("auto", functions, parallel=parallel)
     if tool_choice == "required":
-        return ToolPlan("required", functions)
+        return ToolPlan("required", functions, parallel=parallel)
     name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
     if (
         not isinstance(tool_choice, dict)

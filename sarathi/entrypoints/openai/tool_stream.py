@@ -206,6 +206,21 @@ class ToolCallStream:
         return deltas
 
 
+def complete_calls(text: str) -> list[tuple[str, str]]:
+    """(name, arguments JSON) of every complete call object of a "required" array, which may be cut off
+    after them (an output that ran into ``max_tokens``)."""
+    stream = ToolCallStream("required")
+    stream.feed(text)
+    out = []
+    for call in stream._calls:
+        if not (call.done and call.name is not None and call.arguments is not None):
+            continue
+        arguments = _loads(call.arguments.text)
+        if isinstance(arguments, dict):
+            out.append((call.name, json.dumps(arguments, ensure_ascii=False)))
+    return out
+
+
 def _partial_suffix(text: str, tag: str, start: int) -> int:
     """Length of the longest tail of ``text[start:]`` that is a proper prefix of ``tag``."""
     for n in range(min(len(tag) - 1, len(text) - start), 0, -1):
