@@ -53,6 +53,8 @@ from sarathi.entrypoints.openai.response_formats import (
     ToolChatFormat,
     usage,
 )
+from sarathi.entrypoints.openai.responses_api import add_responses_routes
+from sarathi.entrypoints.openai.responses_protocol import ResponsesRequest
 from sarathi.entrypoints.openai.server_state import ServerState
 from sarathi.entrypoints.openai.tokenize_api import DetokenizeRequest, TokenizeRequest, add_tokenize_routes
 from sarathi.entrypoints.openai.tool_calls import plan_tools
@@ -79,6 +81,7 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
         {
             "/v1/completions": CompletionRequest,
             "/v1/chat/completions": ChatCompletionRequest,
+            "/v1/responses": ResponsesRequest,
             "/tokenize": TokenizeRequest,
             "/detokenize": DetokenizeRequest,
         },
@@ -119,18 +122,26 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
         state.metrics.in_flight.set(state.client.num_in_flight)
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/models")
-    async def models() -> dict:
-        card = {
+    def model_card() -> dict:
+        return {
             "id": state.model_name,
             "object": "model",
             "created": state.created,
             "owned_by": "sarathi",
             "max_model_len": state.max_model_len,
         }
-        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict:
+        check_model(state, model_id)
+        return model_card()
 
     add_tokenize_routes(app, state)
+    add_responses_routes(app, state)
 
     @app.post("/v1/completions")
     async def completions(raw: Request) -> Response:

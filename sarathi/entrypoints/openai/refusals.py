@@ -98,6 +98,28 @@ CHAT = (
 
 TOKENIZE = (*_TOOL_RENDERING, *_CHAT_TEMPLATE)
 
+_STATELESS = "this server is stateless (responses are not stored): send the whole conversation as input"
+
+RESPONSES = (
+    *SAMPLING,
+    *_CHAT_TEMPLATE,
+    Refusal("previous_response_id", _STATELESS, _never),
+    Refusal("store", _STATELESS + " with store: false", _is(False)),
+    Refusal("conversation", _STATELESS, _never),
+    Refusal("background", "background mode is not supported", _is(False)),
+    Refusal("reasoning", "reasoning is not supported", _is({})),
+    Refusal("include", "no extra output data is supported", _is([])),
+    Refusal("prompt", "stored prompt templates are not supported", _never),
+    Refusal("max_tool_calls", "not supported; parallel_tool_calls: false allows one call", _never),
+    Refusal("top_logprobs", "log probabilities are not supported here", _is(0)),
+    Refusal("truncation", "input truncation is not supported (only 'disabled')", _is("disabled")),
+    Refusal("service_tier", "service tiers are not supported", _is("auto", "default")),
+    Refusal("response_format", "use text.format here", _never),
+    Refusal("n", "one output per response", _is(1)),
+    Refusal("best_of", "one output per response", _is(1)),
+    Refusal("prompt_logprobs", "prompt log probabilities are not supported here", _never),
+)
+
 
 def check_refusals(body: dict, refusals: tuple[Refusal, ...]) -> None:
     """Raise APIError for the first field of ``body`` that asks for something we do not do."""
