@@ -53,6 +53,7 @@ class EngineReady:
     num_kv_blocks: int
     block_size: int
     worker_pids: list[int] = field(default_factory=list)  # worker processes of the engine core, if any
+    eos_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,7 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
                 num_kv_blocks=engine.num_kv_blocks,
                 block_size=engine.block_manager.block_size,
                 worker_pids=engine.executor.worker_pids,
+                eos_token_ids=engine.eos_token_ids,
             )
         )
         EngineCore(engine, inputs, outputs, max_waiting).run()

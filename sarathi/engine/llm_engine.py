@@ -26,7 +26,6 @@ from sarathi.model.kv_cache import kv_cache_bytes_per_block
 from sarathi.model.resolve import resolve_model
 from sarathi.outputs import IterationStats, RequestOutput
 from sarathi.sampling_params import SamplingParams
-from sarathi.structured_output import validate as validate_structured_output
 from sarathi.tokenizer import Tokenizer
 
 _MAX_KEPT_STATS = 100_000
@@ -92,6 +91,8 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self._in_flight: collections.deque[_InFlight] = collections.deque()
         self._held: dict[str, list[Sequence]] = {}  # parent request id -> requests waiting for its prefill
+        # Constrained requests waiting for their matcher (built by the sampling worker), with their parent.
+        self._compiling: dict[str, tuple[Sequence, str | None]] = {}
         self._iteration = 0
 
     # --- setup -------------------------------------------------------------------------------------------
@@ -182,10 +183,8 @@ class LLMEngine:
         vocab = self.arch.vocab_size
         if bad := [t for t in params.stop_token_ids if t >= vocab]:
             raise ValueError(f"stop_token_ids must be token ids in [0, {vocab}), got {bad[:5]}")
-        if params.structured_output is not None:
-            if self.tokenizer_dir is None:
-                raise ValueError("structured_output: needs a tokenizer; this model has none")
-            validate_structured_output(params.structured_output)
+        if params.structured_output is not None and self.tokenizer_dir is None:
+            raise ValueError("structured_output: needs a tokenizer; this model has none")
         seq = Sequence(
             seq_id=request_id,
             prompt_token_ids=token_ids,
@@ -196,11 +195,42 @@ class LLMEngine:
         )
         self._seqs[request_id] = seq
         self.outputs.add_request(seq)
+        if params.structured_output is not None:
+            # Its matcher compiles in the background; the request is scheduled once it is ready.
+            self._compiling[request_id] = (seq, after)
+            self.step_builder.prepare_grammar(request_id, params.structured_output)
+            return
+        self._admit(seq, after)
+
+    def _admit(self, seq: Sequence, after: str | None) -> None:
+        """Hand ``seq`` to the scheduler, or hold it until its parent (``after``) has a token."""
         parent = self._seqs.get(after) if after is not None else None
         if parent is not None and parent.num_output_tokens == 0 and self.block_manager.enable_caching:
             self._held.setdefault(after, []).append(seq)
         else:
             self.scheduler.add_sequence(seq)
+
+    def _grammar_outputs(self, ready: list[str], failed: list[tuple[str, str]]) -> list[RequestOutput]:
+        """Admit the waiting requests whose matcher is ready; fail those whose matcher did not build."""
+        for request_id in ready:
+            if (waiting := self._compiling.pop(request_id, None)) is not None:
+                self._admit(*waiting)
+        outputs = []
+        for request_id, error in failed:
+            if (waiting := self._compiling.pop(request_id, None)) is not None:
+                seq = waiting[0]
+                seq.finish(SequenceStatus.FINISHED_ERROR, self.clock())
+                self._forget(request_id)
+                outputs.append(self.outputs.error_output(seq, f"structured output: {error}"))
+        return outputs
+
+    def _poll_grammars(self) -> list[RequestOutput]:
+        """With nothing to run, send the workers a step without a batch: it carries the new grammar jobs
+        and comes back with the matchers that are ready (the worker waits a little for one)."""
+        step = self.step_builder.build(Batch())
+        self.executor.submit(step)
+        output = self.executor.collect()
+        return self._grammar_outputs(output.grammars_ready, output.grammar_errors)
 
     def _release_held(self, parent_id: str) -> None:
         """Queue the requests that waited for ``parent_id``'s prefill (it has a token, finished or left)."""
@@ -227,7 +257,10 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         """Stop a request wherever it is (also while in flight); its KV blocks are freed. Unknown ids
         are ignored."""
-        if request_id in self._seqs:
+        if request_id in self._compiling:
+            del self._compiling[request_id]
+            self._forget(request_id)
+        elif request_id in self._seqs:
             held = next((h for h in self._held.values() if any(s.seq_id == request_id for s in h)), None)
             if held is not None:
                 held[:] = [s for s in held if s.seq_id != request_id]
@@ -236,7 +269,8 @@ class LLMEngine:
             self._forget(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._in_flight) or bool(self._held)
+        waiting = bool(self._held) or bool(self._compiling)
+        return self.scheduler.has_unfinished() or bool(self._in_flight) or waiting
 
     @property
     def num_iterations(self) -> int:
@@ -245,7 +279,8 @@ class LLMEngine:
 
     @property
     def num_unfinished_requests(self) -> int:
-        return self.scheduler.num_waiting + self.scheduler.num_running + sum(map(len, self._held.values()))
+        held = sum(map(len, self._held.values())) + len(self._compiling)
+        return self.scheduler.num_waiting + self.scheduler.num_running + held
 
     # --- the loop ----------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -265,14 +300,16 @@ class LLMEngine:
             self.executor.submit(step)
             self._in_flight.append(_InFlight(batch, step.step_id, start))
         if not self._in_flight:
-            return []
+            return self._poll_grammars() if self._compiling else []
         flight = self._in_flight.popleft()
         batch = flight.batch
         sampling = [e for e in batch.entries if e.samples]
+        outputs = []
         try:
             step_output = self.executor.collect()
             results = step_output.sampled
             self.outputs.add_prompt_logprobs(step_output.prompt_logprobs)
+            outputs = self._grammar_outputs(step_output.grammars_ready, step_output.grammar_errors)
         except WorkerFailedError:
             raise
         except Exception as e:
@@ -282,7 +319,6 @@ class LLMEngine:
             results = [SampledToken(None, error=message)] * len(sampling)
         end = self.clock()
         self._stage_timings.extend(self.executor.drain_timings())
-        outputs = []
         for e, r in zip(sampling, results, strict=True):
             if r.error and not e.seq.is_finished:
                 outputs.append(self._fail(e.seq, r.error, end))

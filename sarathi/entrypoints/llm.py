@@ -14,6 +14,7 @@ from sarathi.engine.llm_engine import LLMEngine
 from sarathi.outputs import RequestOutput
 from sarathi.parallel_sampling import best_indices, child_params, cumulative_logprob
 from sarathi.sampling_params import SamplingParams
+from sarathi.structured_output import StructuredOutputLimits, check_bounds, check_compiles, llg_tokenizer
 from sarathi.tokenizer import Tokenizer
 
 Prompt = str | list[int]
@@ -34,7 +35,9 @@ class LLM:
         if config is not None and (model is not None or kwargs):
             raise ValueError("pass either config or model/keyword settings, not both")
         self.engine = LLMEngine(config or engine_config(model, **kwargs))
+        self.structured_output_limits = StructuredOutputLimits()
         self._ids = itertools.count()
+        self._llg_tokenizer = None
 
     def shutdown(self) -> None:
         """Stop the engine's worker processes (if any); the LLM cannot generate afterwards."""
@@ -72,6 +75,7 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        self._check_constraints(params)
         groups = self._add_all(prompts, params)
         finished = self._run([rid for group in groups for rid in group], use_tqdm)
         return [_choose(p, [finished[rid] for rid in group]) for p, group in zip(params, groups, strict=True)]
@@ -88,6 +92,21 @@ class LLM:
         tokenizer = self.get_tokenizer()
         prompts = [tokenizer.apply_chat_template(c, add_generation_prompt) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _check_constraints(self, params: list[SamplingParams]) -> None:
+        """Each distinct structured output within bounds and compiling (ValueError naming the problem)."""
+        seen = set()
+        for p in params:
+            if (constraint := p.structured_output) is None or constraint in seen:
+                continue
+            seen.add(constraint)
+            check_bounds(constraint, self.structured_output_limits)
+            if self.engine.tokenizer_dir is None:
+                raise ValueError("structured_output: needs a tokenizer; this model has none")
+            if self._llg_tokenizer is None:
+                e = self.engine
+                self._llg_tokenizer = llg_tokenizer(e.tokenizer_dir, e.arch.vocab_size, e.eos_token_ids)
+            check_compiles(self._llg_tokenizer, constraint)
 
     def _add_all(self, prompts: list[Prompt], params: list[SamplingParams]) -> list[list[str]]:
         """Add every prompt's sequences (``best_of`` or ``n`` of them); the request ids per prompt."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from sarathi.outputs import TokenLogprob
 from sarathi.sampling_params import SamplingParams
+from sarathi.structured_output import StructuredOutput
 
 
 @dataclass(frozen=True)
@@ -42,14 +43,25 @@ class ScheduledRequest:
 
 
 @dataclass(frozen=True)
+class GrammarJob:
+    """Build the structured-output matcher of a request that is not scheduled yet: the engine schedules
+    it once the sampling worker reports the matcher ready (``StepOutput.grammars_ready``)."""
+
+    request_id: str
+    constraint: StructuredOutput
+
+
+@dataclass(frozen=True)
 class StepInput:
     """One micro-batch for every worker. Workers drop ``freed_request_ids`` first, then add
-    ``new_requests``, then run ``scheduled`` in order (the flattened batch order)."""
+    ``new_requests``, then run ``scheduled`` in order (the flattened batch order). A step with nothing
+    scheduled runs no model: it only carries ``grammar_jobs`` or asks which matchers are ready."""
 
     step_id: int
     new_requests: list[NewRequest]
     scheduled: list[ScheduledRequest]
     freed_request_ids: list[str]
+    grammar_jobs: list[GrammarJob] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -87,10 +99,13 @@ class StageTiming:
 
 @dataclass(frozen=True)
 class StepOutput:
-    """The last stage's answer to a step: one ``SampledToken`` per sampling entry, in batch order, and the
-    prompt log probabilities its prefill chunks computed for the requests that asked for them."""
+    """The last stage's answer to a step: one ``SampledToken`` per sampling entry, in batch order, the
+    prompt log probabilities its prefill chunks computed for the requests that asked for them, and the
+    prepared requests whose matcher is ready or failed to build (repeated until they are scheduled)."""
 
     step_id: int
     sampled: list[SampledToken]
     timings: list[StageTiming] = field(default_factory=list)
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
+    grammars_ready: list[str] = field(default_factory=list)
+    grammar_errors: list[tuple[str, str]] = field(default_factory=list)

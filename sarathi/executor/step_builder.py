@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from sarathi.core.batch import Batch
 from sarathi.core.block_manager import BlockManager
-from sarathi.executor.messages import NewRequest, ScheduledRequest, StepInput
+from sarathi.executor.messages import GrammarJob, NewRequest, ScheduledRequest, StepInput
+from sarathi.structured_output import StructuredOutput
 
 
 @dataclass
@@ -27,11 +28,20 @@ class StepBuilder:
         self.block_manager = block_manager
         self._sent: dict[str, _Sent] = {}
         self._freed: list[str] = []
+        self._grammar_jobs: list[GrammarJob] = []
+        self._prepared: set[str] = set()  # grammar jobs sent (or to send) for requests not sent yet
         self._step_ids = itertools.count()
+
+    def prepare_grammar(self, request_id: str, constraint: StructuredOutput) -> None:
+        """Have the workers build ``request_id``'s matcher, with the next step."""
+        self._grammar_jobs.append(GrammarJob(request_id, constraint))
+        self._prepared.add(request_id)
 
     def free(self, request_id: str) -> None:
         """The request finished, was aborted or preempted: workers drop it before the next step."""
-        if self._sent.pop(request_id, None) is not None:
+        prepared = request_id in self._prepared
+        self._prepared.discard(request_id)
+        if self._sent.pop(request_id, None) is not None or prepared:
             self._freed.append(request_id)
 
     def build(self, batch: Batch) -> StepInput:
@@ -53,6 +63,7 @@ class StepBuilder:
                     )
                 )
                 sent = self._sent[seq.seq_id] = _Sent(seq.num_output_tokens, len(table))
+                self._prepared.discard(seq.seq_id)
                 new_tokens, new_blocks = [], []
             else:
                 new_tokens = seq.output_token_ids[sent.num_output_tokens :]
@@ -69,4 +80,5 @@ class StepBuilder:
                 )
             )
         freed, self._freed = self._freed, []
-        return StepInput(next(self._step_ids), new_requests, scheduled, freed)
+        jobs, self._grammar_jobs = self._grammar_jobs, []
+        return StepInput(next(self._step_ids), new_requests, scheduled, freed, jobs)

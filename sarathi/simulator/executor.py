@@ -34,6 +34,9 @@ class SimulatedExecutor(Executor):
         self._timings: list[StageTiming] = []
 
     def submit(self, step: StepInput) -> None:
+        if not step.scheduled:  # only grammar jobs: matchers are ready at once, and nothing runs
+            self._outstanding.append((step, self.clock.now()))
+            return
         shape = BatchShape.from_step(step)
         times = self.latency_model.stage_times(shape)
         if len(times) != len(self._stage_free):
@@ -49,7 +52,8 @@ class SimulatedExecutor(Executor):
         step, end = self._outstanding.popleft()
         self.clock.advance_to(end)
         sampled = [SampledToken(self.token_id) for s in step.scheduled if s.samples]
-        return StepOutput(step.step_id, sampled)
+        ready = [job.request_id for job in step.grammar_jobs]
+        return StepOutput(step.step_id, sampled, grammars_ready=ready)
 
     def drain_timings(self) -> list[StageTiming]:
         # Only the timings of collected steps, as the real executors report them.

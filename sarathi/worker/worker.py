@@ -21,6 +21,9 @@ from sarathi.worker.prompt_logprobs import score_prompt_rows
 from sarathi.worker.sampler import Sampler
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# How long a step that runs no model waits for a matcher build to finish before answering: the engine
+# sends such steps only while requests wait for their matchers, and should not spin.
+_GRAMMAR_POLL_WAIT_S = 0.02
 
 
 class Worker:
@@ -62,6 +65,8 @@ class Worker:
         """Run this rank's part of ``step``; the last stage returns the sampled tokens."""
         start = time.monotonic()
         self._update_requests(step)
+        if not step.scheduled:
+            return self._answer_grammar_poll(step, start)
         inputs = self.runner.prepare(step, self.requests)
         hidden = None
         if not self.shard.is_first_stage:
@@ -84,10 +89,25 @@ class Worker:
         for i, error in failed.items():
             sampled[i] = SampledToken(None, error=error)
         self.grammars.advance(request_ids, sampled)
+        ready, failed = self.grammars.poll()
         timing = StageTiming(step.step_id, self.shard.pp_rank, start, time.monotonic())
-        return StepOutput(step.step_id, sampled, [timing], prompt), timing
+        return StepOutput(step.step_id, sampled, [timing], prompt, ready, failed), timing
+
+    def _answer_grammar_poll(self, step: StepInput, start: float) -> tuple[StepOutput | None, StageTiming]:
+        """A step with nothing scheduled: only the sampling stage answers, with the matchers' status."""
+        output = None
+        if self.shard.is_last_stage:
+            ready, failed = self.grammars.poll(wait_s=0 if step.grammar_jobs else _GRAMMAR_POLL_WAIT_S)
+            output = StepOutput(step.step_id, [], [], [], ready, failed)
+        timing = StageTiming(step.step_id, self.shard.pp_rank, start, time.monotonic())
+        if output is not None:
+            output.timings.append(timing)
+        return output, timing
 
     def _update_requests(self, step: StepInput) -> None:
+        if self.grammars is not None:
+            for job in step.grammar_jobs:
+                self.grammars.prepare(job.request_id, job.constraint)
         for request_id in step.freed_request_ids:
             self.requests.pop(request_id, None)
             if self.grammars is not None:
