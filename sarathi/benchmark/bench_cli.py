@@ -31,7 +31,7 @@ from sarathi.benchmark.workload import (
     generate_workload,
     trace_path,
 )
-from sarathi.config import SCHEDULER_NAMES, EngineConfig
+from sarathi.config import DEFAULT_TOKEN_BUDGET, SCHEDULER_NAMES, EngineConfig
 from sarathi.entrypoints.args import add_engine_args, engine_config_from_args
 
 CHAT = "chat"
@@ -60,7 +60,7 @@ class BenchConfig:
 
     label: str
     scheduler: str
-    token_budget: int
+    token_budget: int | str  # "auto" only for a live server (--url), which chose its own
 
 
 @dataclass
@@ -287,10 +287,16 @@ def format_table(entries: list[dict]) -> str:
 
 
 def add_comparison_parser(
-    sub, name: str, help: str, description: str | None, default_schedulers: list[str]
+    sub,
+    name: str,
+    help: str,
+    description: str | None,
+    default_schedulers: list[str],
+    auto_budget: bool = False,
 ) -> argparse.ArgumentParser:
     """A subcommand that runs one workload under several scheduler configs: engine flags (with
-    ``--scheduler`` widened to a list), ``--token-budget`` list and ``--seed``."""
+    ``--scheduler`` widened to a list), ``--token-budget`` list and ``--seed``. With ``auto_budget`` the
+    list may hold ``auto`` (``resolve_token_budgets``), its default."""
     p = sub.add_parser(
         name,
         help=help,
@@ -307,11 +313,43 @@ def add_comparison_parser(
         default=default_schedulers,
         help=f"comma-separated, from: {', '.join(SCHEDULER_NAMES)}",
     )
-    p.add_argument(
-        "--token-budget", type=csv_list(int), default=[64], help="token budget(s), comma-separated"
-    )
+    if auto_budget:
+        p.add_argument(
+            "--token-budget",
+            type=csv_list(_budget_item),
+            default=["auto"],
+            help="token budget(s), comma-separated; 'auto' (default): chosen for --tbt-slo (default: 5x "
+            "this machine's one-sequence decode iteration) on this machine's latency profile",
+        )
+    else:
+        p.add_argument(
+            "--token-budget", type=csv_list(int), default=[64], help="token budget(s), comma-separated"
+        )
     p.add_argument("--seed", type=int, default=0, help="workload (and model) seed")
     return p
+
+
+def _budget_item(text: str) -> int | str:
+    return "auto" if text.strip() == "auto" else int(text)
+
+
+def resolve_token_budgets(args: argparse.Namespace) -> list[int | str]:
+    """``--token-budget`` with ``auto`` replaced by the budget it chooses (printed with its reason) for the
+    first chunking scheduler of ``--schedulers``; kept as ``auto`` against a live server (``--url``: the
+    server chose its own), dropped where no scheduler uses a budget."""
+    if getattr(args, "url", None):
+        return list(args.token_budget)
+    chunking = [s for s in args.schedulers if s in CHUNKING_SCHEDULERS]
+    budgets: list[int | str] = []
+    for b in args.token_budget:
+        if b == "auto":
+            if not chunking:
+                b = DEFAULT_TOKEN_BUDGET
+            else:
+                ns = argparse.Namespace(**{**vars(args), "scheduler": chunking[0], "token_budget": "auto"})
+                b = engine_config_from_args(ns).scheduler.token_budget
+        budgets.append(b)
+    return list(dict.fromkeys(budgets))
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -321,6 +359,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "replay a workload under several schedulers and write metrics and plots",
         __doc__,
         ["sarathi"],
+        auto_budget=True,
     )
     p.add_argument(
         "--qps",
@@ -340,8 +379,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         qps = None if args.qps == 0 else args.qps
         workload = workload_config_from_args(args, qps)
-        configs = bench_configs(args.schedulers, args.token_budget)
-        engine_configs = [engine_config_for(args, c) for c in configs]
+        configs = bench_configs(args.schedulers, resolve_token_budgets(args))
+        # ("auto" stays only against a live server, whose engine is not built here.)
+        engine_configs = [engine_config_for(args, c) for c in configs if c.token_budget != "auto"]
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

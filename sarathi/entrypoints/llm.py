@@ -9,7 +9,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from sarathi.config import EngineConfig, engine_config
+from sarathi.config import DEFAULT_TOKEN_BUDGET, EngineConfig, engine_config
 from sarathi.engine.llm_engine import LLMEngine
 from sarathi.outputs import RequestOutput
 from sarathi.parallel_sampling import best_indices, child_params, cumulative_logprob
@@ -24,6 +24,11 @@ class LLM:
     """A whole engine behind a simple call: give prompts, get finished outputs in the same order.
 
     ``model`` is a Hugging Face folder, a .gguf file, or None for the embedded SmolLM2-135M-Instruct.
+
+    ``token_budget`` defaults to a fixed 64: offline generation has no reader waiting between tokens, so a
+    TBT SLO means nothing here, and constructing an ``LLM`` must never start a minutes-long machine
+    profile. ``token_budget="auto"`` (with ``tbt_slo`` seconds, default 5x this machine's one-sequence
+    decode iteration) chooses it as ``sarathi serve`` does.
     """
 
     def __init__(
@@ -34,6 +39,14 @@ class LLM:
         distributed_executor_backend, ...); or pass a ready ``config``."""
         if config is not None and (model is not None or kwargs):
             raise ValueError("pass either config or model/keyword settings, not both")
+        tbt_slo = kwargs.pop("tbt_slo", None)
+        if kwargs.get("token_budget") == "auto":
+            from sarathi.simulator.auto_budget import auto_token_budget
+
+            base = engine_config(model, **{**kwargs, "token_budget": DEFAULT_TOKEN_BUDGET})
+            kwargs["token_budget"] = auto_token_budget(base, tbt_slo)
+        elif tbt_slo is not None:
+            raise ValueError('tbt_slo is used only with token_budget="auto"')
         self.engine = LLMEngine(config or engine_config(model, **kwargs))
         self.structured_output_limits = StructuredOutputLimits()
         self._ids = itertools.count()

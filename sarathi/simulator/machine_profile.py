@@ -1,9 +1,19 @@
 """The measured latency model of this machine for an engine configuration: profiled once, then cached.
 
-Profiling times the profiler's grid of batch shapes (``sarathi profile``), fits a ``MeasuredLatencyModel``
+Profiling times a grid of batch shapes (``sarathi profile``'s timer), fits a ``MeasuredLatencyModel``
 with its held-out error, and measures the engine's own per-iteration overhead on a short real run. The
-result is cached under the cache folder, keyed by what changes iteration times: the CPU, core count,
-torch version, model, dtypes, parallel layout and KV block size.
+result is cached under the cache folder, keyed by what changes iteration times: the CPU (vendor, family,
+model and ISA flags, not its marketing name), core count, torch version, model, dtypes, parallel layout, KV
+block size and the grid's version.
+
+The grid covers what the schedulers run: mixed batches (a chunk plus up to 64 decodes at short and long
+context), whole prompts from context 0 up to 4096 tokens or the context length (vllm, orca and
+faster_transformer prefill whole prompts), and 128-256 decodes and long-context decodes as far as the KV
+pool holds them. It costs about as much as the 87-point grid before it (~80 s on a 2-core Zen4): the
+large points run once, without warm-up, since one of them takes seconds and is its own warm-up.
+
+``$SARATHI_LATENCY_PROFILE`` names a profile file to use instead of this machine's (for CI machines,
+which should not spend minutes profiling, and for predicting another machine).
 """
 
 from __future__ import annotations
@@ -12,30 +22,40 @@ import dataclasses
 import hashlib
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 from sarathi.config import EngineConfig
 from sarathi.simulator.batch_shape import BatchShape
+from sarathi.simulator.cpu_identity import cpu_identity
+from sarathi.simulator.latency_model import LatencyModel
 from sarathi.simulator.measured import MeasuredLatencyModel, Sample, cross_validate, fit
 
+PROFILE_ENV = "SARATHI_LATENCY_PROFILE"
+GRID_VERSION = 2
+# Mixed batches: a chunk of PREFILL_TOKENS after CONTEXT_LENS cached tokens with DECODE_BATCH_SIZES decodes.
 PREFILL_TOKENS = (0, 16, 64, 256, 512)
 DECODE_BATCH_SIZES = (0, 1, 4, 16, 32, 64)
-CONTEXT_LENS = (128, 512, 1024)
+CONTEXT_LENS = (128, 1024)
+# A coarser layer at a middle context, for the held-out error of the context terms.
+MIDDLE_CONTEXT = 512
+MIDDLE_PREFILL_TOKENS = (0, 64, 512)
+MIDDLE_DECODE_BATCH_SIZES = (0, 16, 64)
+# Whole prompts (context 0), as the prefill-first schedulers run them; capped by the context length.
+WHOLE_PROMPTS = (64, 256, 512, 1024, 2048, 4096)
+# Many decodes, and decodes at long context (kept only where the KV pool holds them).
+LONG_DECODES = ((128, 128), (128, 512), (256, 256), (32, 2048), (16, 4096))  # (batch size, context)
+# Prefills of at least this many tokens take seconds: timed once, without warm-up.
+LARGE_POINT_TOKENS = 1024
 OVERHEAD_REQUESTS = 24
+# Seconds a profile spends outside the grid (engine start, the overhead run, the fit), for the estimate.
+PROFILE_FIXED_SECONDS = 15.0
 
 
 def cpu_name() -> str:
-    """The CPU model name (from /proc/cpuinfo where there is one)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The CPU's marketing name (for people; profiles are keyed on ``cpu_identity``)."""
+    return cpu_identity().name
 
 
 def profile_key(config: EngineConfig) -> dict:
@@ -44,7 +64,8 @@ def profile_key(config: EngineConfig) -> dict:
 
     m, p = config.model, config.parallel
     return {
-        "cpu": cpu_name(),
+        "cpu": cpu_identity().key(),
+        "grid_version": GRID_VERSION,
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "model": m.model or "embedded",
@@ -109,9 +130,49 @@ def measure_engine_overhead(engine, num_requests: int = OVERHEAD_REQUESTS) -> fl
     return max(0.0, statistics.median(periods))
 
 
+def profile_grid_points(max_model_len: int) -> tuple[list, list]:
+    """The grid as (repeated points, large points): the large ones are timed once. Points past
+    ``max_model_len`` are left out; the caller drops those the KV pool cannot hold."""
+    from sarathi.benchmark.profiler import GridPoint, grid_points
+
+    contexts = [c for c in CONTEXT_LENS if c + max(PREFILL_TOKENS) <= max_model_len] or [128]
+    points = grid_points(PREFILL_TOKENS, DECODE_BATCH_SIZES, contexts)
+    if MIDDLE_CONTEXT + max(MIDDLE_PREFILL_TOKENS) <= max_model_len:
+        points += grid_points(MIDDLE_PREFILL_TOKENS, MIDDLE_DECODE_BATCH_SIZES, [MIDDLE_CONTEXT])
+    prompts = sorted({min(p, max_model_len) for p in WHOLE_PROMPTS})
+    points += [GridPoint(p, 0, 0) for p in prompts]
+    points += [GridPoint(0, d, c) for d, c in LONG_DECODES if c + 1 <= max_model_len]
+    points = list(dict.fromkeys(points))
+    large = [p for p in points if _is_large(p)]
+    return [p for p in points if not _is_large(p)], large
+
+
+def _is_large(point) -> bool:
+    return point.prefill_tokens >= LARGE_POINT_TOKENS
+
+
+def predicted_profile_seconds(
+    model: LatencyModel, max_model_len: int, fits=lambda point: True, repeats: int = 2
+) -> float:
+    """How long profiling would take on the machine ``model`` describes (its grid, repeats and warm-ups
+    plus ``PROFILE_FIXED_SECONDS``): the one-time cost a fresh machine pays before ``auto`` answers."""
+    repeated, large = profile_grid_points(max_model_len)
+
+    def t(point) -> float:
+        return model.iteration_time(
+            BatchShape.from_grid(point.prefill_tokens, point.decode_batch_size, point.context_len)
+        )
+
+    return (
+        PROFILE_FIXED_SECONDS
+        + (repeats + 1) * sum(t(p) for p in repeated if fits(p))
+        + sum(t(p) for p in large if fits(p))
+    )
+
+
 def profile_machine(config: EngineConfig, repeats: int = 2, progress: bool = True) -> MeasuredLatencyModel:
     """Profile ``config``'s engine on this machine and return its fitted latency model."""
-    from sarathi.benchmark.profiler import check_point, grid_points, profile_grid
+    from sarathi.benchmark.profiler import check_point, profile_grid
     from sarathi.engine.llm_engine import LLMEngine
 
     started = time.monotonic()
@@ -119,11 +180,11 @@ def profile_machine(config: EngineConfig, repeats: int = 2, progress: bool = Tru
     sched = dataclasses.replace(config.scheduler, adaptive_tbt_slo=None)
     engine = LLMEngine(dataclasses.replace(config, scheduler=sched))
     try:
-        fits = [p for p in CONTEXT_LENS if p + max(PREFILL_TOKENS) <= engine.max_model_len] or [128]
-        points = [
-            p for p in grid_points(PREFILL_TOKENS, DECODE_BATCH_SIZES, fits) if _fits(check_point, engine, p)
-        ]
-        results = profile_grid(engine, points, repeats=repeats, progress=progress)
+        repeated, large = profile_grid_points(engine.max_model_len)
+        repeated = [p for p in repeated if _fits(check_point, engine, p)]
+        large = [p for p in large if _fits(check_point, engine, p)]
+        results = profile_grid(engine, repeated, repeats=repeats, progress=progress)
+        results += profile_grid(engine, large, repeats=1, warmup=0, progress=progress)
         model = fit_profile(engine, results)
     finally:
         engine.shutdown()
@@ -141,6 +202,7 @@ def fit_profile(engine, results) -> MeasuredLatencyModel:
     held_out = cross_validate(samples)
     model.metadata = {
         **profile_key(engine.config),
+        "cpu_name": cpu_name(),
         "num_points": len(samples),
         "held_out_error": {"median": held_out.median, "p90": held_out.p90, "max": held_out.max},
     }
@@ -156,9 +218,29 @@ def _fits(check_point, engine, point) -> bool:
     return True
 
 
+def profile_override() -> Path | None:
+    """The profile file ``$SARATHI_LATENCY_PROFILE`` names, if any."""
+    value = os.environ.get(PROFILE_ENV)
+    return Path(value) if value else None
+
+
+def machine_profile_path(config: EngineConfig) -> Path:
+    """Where ``config``'s latency profile is (or will be): ``$SARATHI_LATENCY_PROFILE`` when it is set and
+    has ``config``'s pipeline stages, else this machine's cached profile."""
+    override = profile_override()
+    if override is not None:
+        stages = config.parallel.pipeline_parallel_size
+        if MeasuredLatencyModel.load(override).num_stages == stages:
+            return override
+    return cached_profile_path(config)
+
+
 def machine_latency_model(config: EngineConfig, progress: bool = True) -> MeasuredLatencyModel:
-    """The cached latency model of ``config`` on this machine, profiling (once) when there is none."""
-    path = cached_profile_path(config)
+    """The cached latency model of ``config`` on this machine, profiling (once) when there is none
+    (``$SARATHI_LATENCY_PROFILE`` names a profile to use instead, where its pipeline stages match)."""
+    path = machine_profile_path(config)
+    if path != cached_profile_path(config):
+        return MeasuredLatencyModel.load(path)
     if path.is_file():
         try:
             return MeasuredLatencyModel.load(path)
@@ -167,5 +249,13 @@ def machine_latency_model(config: EngineConfig, progress: bool = True) -> Measur
     if progress:
         print(f"no latency profile of this machine for this configuration yet: profiling once ({path})")
     model = profile_machine(config, progress=progress)
+    held = model.metadata.get("held_out_error", {})
+    if progress and held:
+        print(
+            f"latency profile: {model.metadata.get('num_points')} points, "
+            f"{model.metadata['profile_seconds']} s; "
+            f"held-out error median {held['median']:.1%}, p90 {held['p90']:.1%}, max {held['max']:.1%}",
+            flush=True,
+        )
     model.save(path)
     return model

@@ -3,6 +3,12 @@
 For every candidate, the capacity search of ``sarathi capacity`` (bracketing and bisection on QPS) runs on
 the simulator instead of the real engine; the candidate with the highest capacity wins, ties going to the
 smaller budget (shorter iterations, lower TBT).
+
+A candidate is admissible only if its *mixed iteration* (a full chunk beside the decodes that run at its
+capacity, ``mixed_iteration``) is predicted to meet the TBT SLO. A P99 over a light load can hide a budget
+whose every mixed iteration breaks the SLO, because such iterations are then rarer than 1 in 100 tokens;
+the guard keeps tune from choosing one. Where no candidate is admissible with a capacity above zero, the
+result says so (``meets_slo`` False) and holds the candidate whose mixed iteration comes closest.
 """
 
 from __future__ import annotations
@@ -31,10 +37,20 @@ class TuneResult:
     slo: Slo
     capacities: dict[Candidate, CapacityResult]
     best: Candidate
+    #: Predicted seconds of each candidate's mixed iteration (empty without a check).
+    mixed_iteration_s: dict[Candidate, float] = dataclasses.field(default_factory=dict)
 
     @property
     def best_capacity(self) -> float:
         return self.capacities[self.best].capacity
+
+    @property
+    def meets_slo(self) -> bool:
+        """Whether the chosen candidate meets the SLO at some load and passes the mixed-iteration check."""
+        return self.best_capacity > 0 and self.admissible(self.best)
+
+    def admissible(self, c: Candidate) -> bool:
+        return self.mixed_iteration_s.get(c, 0.0) <= self.slo.tbt_p99
 
     def to_json(self) -> dict:
         return {
@@ -42,8 +58,14 @@ class TuneResult:
             "max_scheduling_delay_s": self.slo.max_scheduling_delay,
             "best": dataclasses.asdict(self.best),
             "best_capacity_qps": self.best_capacity,
+            "meets_slo": self.meets_slo,
             "candidates": [
-                {**dataclasses.asdict(c), "capacity_qps": r.capacity, "probes": len(r.probes)}
+                {
+                    **dataclasses.asdict(c),
+                    "capacity_qps": r.capacity,
+                    "probes": len(r.probes),
+                    "mixed_iteration_s": self.mixed_iteration_s.get(c),
+                }
                 for c, r in self.capacities.items()
             ],
         }
@@ -55,16 +77,43 @@ def tune(
     slo: Slo,
     settings: SearchSettings | None = None,
     on_candidate: Callable[[Candidate, CapacityResult], None] | None = None,
+    mixed_iteration: Callable[[Candidate, CapacityResult | None], float] | None = None,
 ) -> TuneResult:
     """The capacity of every candidate under ``slo`` (``measure(candidate, qps)`` runs one probe) and the
-    best of them."""
+    best admissible one.
+
+    ``mixed_iteration(candidate, capacity)`` predicts the candidate's mixed iteration in seconds at the
+    load of its capacity search; it is first asked with ``None`` (the lightest load), and a candidate
+    that breaks the SLO even there is not searched.
+    """
     if not candidates:
         raise ValueError("no candidates to tune over")
     settings = settings or SearchSettings()
     capacities: dict[Candidate, CapacityResult] = {}
+    mixed: dict[Candidate, float] = {}
     for c in candidates:
+        if mixed_iteration is not None:
+            mixed[c] = mixed_iteration(c, None)
+            if mixed[c] > slo.tbt_p99:
+                capacities[c] = CapacityResult(0.0)
+                if on_candidate is not None:
+                    on_candidate(c, capacities[c])
+                continue
         capacities[c] = find_capacity(lambda qps, c=c: measure(c, qps), slo, settings)
+        if mixed_iteration is not None:
+            mixed[c] = mixed_iteration(c, capacities[c])
         if on_candidate is not None:
             on_candidate(c, capacities[c])
-    best = max(capacities, key=lambda c: (capacities[c].capacity, -c.token_budget, -c.max_num_seqs))
-    return TuneResult(slo, capacities, best)
+    result = TuneResult(slo, capacities, candidates[0], mixed)
+
+    def rank(c: Candidate) -> tuple:
+        return capacities[c].capacity, -c.token_budget, -c.max_num_seqs
+
+    passing = [c for c in candidates if capacities[c].capacity > 0 and result.admissible(c)]
+    if passing:
+        result.best = max(passing, key=rank)
+    elif mixed:
+        result.best = min(candidates, key=lambda c: (mixed[c], -capacities[c].capacity, c.token_budget))
+    else:
+        result.best = max(candidates, key=rank)
+    return result

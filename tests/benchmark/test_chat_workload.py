@@ -64,7 +64,7 @@ def test_bench_runs_the_chat_workload_and_reports_the_hit_rate(tmp_path):
     out = tmp_path / "chat"
     flags = ["bench", "--trace", "chat", "--conversations", "2", "--turns", "2", "--system-prompt-len", "40"]
     flags += ["--user-len", "8", "--output-len", "3", "--think-time", "0.01", "--qps", "0"]
-    flags += ["--num-kv-blocks", "64", "--output-dir", str(out), "--no-progress"]
+    flags += ["--num-kv-blocks", "64", "--token-budget", "64", "--output-dir", str(out), "--no-progress"]
     assert main(flags) == 0
     (entry,) = json.loads((out / "summary.json").read_text())
     assert entry["trace"] == "chat" and entry["num_requests"] == 4 and entry["num_output_tokens"] == 12

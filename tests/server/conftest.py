@@ -31,6 +31,8 @@ class ServerProcess:
     def __init__(self, *flags: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        if "--token-budget" not in flags:  # a fixed budget: no start-up simulation of the auto choice
+            flags = (*flags, "--token-budget", "64")
         # The log outlives this call (the server writes it until stop()).
         self.log = tempfile.NamedTemporaryFile("w+", prefix="sarathi-serve-", suffix=".log", delete=False)  # noqa: SIM115
         self.proc = subprocess.Popen(

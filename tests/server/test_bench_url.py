@@ -19,6 +19,8 @@ WORKLOAD = [
     "4",
     "--qps",
     "8",
+    "--token-budget",
+    "64",
 ]
 
 
