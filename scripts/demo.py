@@ -7,10 +7,11 @@ prompts, which shows as a long tail of time-between-tokens; faster_transformer n
 running batch, so requests wait long to be scheduled; sarathi chunks prompts under the token budget and
 keeps decodes going. Prints the table and writes summary.json, CSVs and plots to ``--output-dir``.
 
-The load is calibrated to the machine: unless ``--qps`` is given, the demo takes this machine's latency
-profile (measured once and cached, as ``sarathi simulate`` does), finds sarathi's capacity on the demo's
-workload in simulation (P99 TBT within 5x a one-sequence decode iteration, the paper's strict SLO, and
-median scheduling delay <= 2 s) and runs at ``--load`` (75%) of it, so the stalls show wherever it runs.
+Everything is calibrated to the machine from its latency profile (measured once, about a minute and a
+half on 2 cores, then cached; see ``sarathi/simulator/demo_plan.py``): the SLO is the paper's strict one
+(5x this machine's one-sequence decode iteration), the token budget is what ``--token-budget auto``
+chooses for it on the demo's requests, and the load is 65% of sarathi's simulated capacity with that
+budget. The demo prints each with its reason, and the simulator's prediction of the table, before it runs.
 
 The Figure 7 demo that ``make demo`` ran before is ``scripts/figure7.py``.
 """
@@ -21,32 +22,45 @@ import argparse
 import sys
 
 from sarathi.entrypoints.cli import main as sarathi_main
-
-SCHEDULERS = "sarathi,vllm,orca,faster_transformer"
+from sarathi.simulator.demo_plan import SCHEDULERS, DemoSettings
 
 
 def main() -> int:
+    d = DemoSettings()
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--schedulers", default=SCHEDULERS)
-    parser.add_argument("--trace", default="sharegpt")
-    parser.add_argument("--length-scale", type=float, default=0.15)
-    parser.add_argument("--max-total-tokens", type=int, default=1024)
-    parser.add_argument("--num-requests", type=int, default=40)
+    parser.add_argument("--schedulers", default=",".join(SCHEDULERS))
+    parser.add_argument("--trace", default=d.trace)
+    parser.add_argument("--length-scale", type=float, default=d.length_scale)
+    parser.add_argument("--max-total-tokens", type=int, default=d.max_total_tokens)
+    parser.add_argument("--num-requests", type=int, default=d.num_requests)
     parser.add_argument("--qps", type=float, default=None, help="default: --load x simulated capacity")
-    parser.add_argument("--load", type=float, default=0.75, help="fraction of sarathi's capacity")
-    parser.add_argument("--token-budget", default="64")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--load", type=float, default=d.load_fraction, help="fraction of sarathi's capacity")
+    parser.add_argument("--token-budget", default="auto", help="'auto' (default) or a number of tokens")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--dtype", default=d.dtype)
     parser.add_argument("--output-dir", default="demo_results")
     args = parser.parse_args()
-    if args.qps is None:
-        args.qps = calibrated_qps(args)
+    settings = DemoSettings(
+        trace=args.trace,
+        length_scale=args.length_scale,
+        max_total_tokens=args.max_total_tokens,
+        num_requests=args.num_requests,
+        load_fraction=args.load,
+        seed=args.seed,
+        dtype=args.dtype,
+    )
+    budget = args.token_budget
+    if args.qps is None or budget == "auto":
+        plan = calibrate(settings, None if budget == "auto" else int(budget))
+        budget = str(plan.choice.token_budget)
+        if args.qps is None:
+            args.qps = plan.qps
     print(
         f"{args.num_requests} {args.trace} requests (lengths x{args.length_scale:g}, at most "
         f"{args.max_total_tokens} tokens), Poisson arrivals at {args.qps:g} QPS, token budget "
-        f"{args.token_budget}, SmolLM2-135M {args.dtype}; schedulers: {args.schedulers}",
+        f"{budget}, SmolLM2-135M {args.dtype}; schedulers: {args.schedulers}",
         file=sys.stderr,
     )
     return sarathi_main(
@@ -67,7 +81,7 @@ def main() -> int:
             "--arrival",
             "poisson",
             "--token-budget",
-            args.token_budget,
+            budget,
             "--seed",
             str(args.seed),
             "--dtype",
@@ -78,45 +92,40 @@ def main() -> int:
     )
 
 
-def calibrated_qps(args: argparse.Namespace) -> float:
-    """``args.load`` x sarathi's simulated capacity on the demo workload on this machine."""
-    import dataclasses
-
-    from sarathi.benchmark.capacity import Probe, SearchSettings, Slo, find_capacity
-    from sarathi.benchmark.workload import WorkloadConfig
-    from sarathi.config import engine_config
-    from sarathi.simulator.batch_shape import BatchShape
-    from sarathi.simulator.cluster import simulation_config
-    from sarathi.simulator.machine_profile import machine_latency_model
-    from sarathi.simulator.simulate_cli import simulate_one
-
-    config = engine_config(token_budget=int(args.token_budget), dtype=args.dtype, seed=args.seed)
-    model = machine_latency_model(config)
-    decode = model.iteration_time(BatchShape.from_grid(0, 1, 256))
-    slo = Slo("strict", 5 * decode)
-    workload = WorkloadConfig(
-        trace=args.trace,
-        num_requests=max(args.num_requests, 200),
-        length_scale=args.length_scale,
-        max_total_tokens=args.max_total_tokens,
-        seed=args.seed,
+def calibrate(settings: DemoSettings, token_budget: int | None):
+    """The demo's plan on this machine (its profile is measured once if there is none), printed with the
+    simulator's prediction of the four schedulers."""
+    from sarathi.simulator.auto_budget import (
+        auto_budget_choice,
+        choose_token_budget,
+        default_tbt_slo,
+        machine_label,
     )
-    sim_config = simulation_config(config)
+    from sarathi.simulator.demo_plan import plan_from_choice, simulate_demo
+    from sarathi.simulator.machine_profile import machine_latency_model, machine_profile_path
 
-    def measure(qps: float) -> Probe:
-        s = simulate_one(sim_config, model, dataclasses.replace(workload, qps=qps)).summary()
-        return Probe(qps, s["tbt_p99"], s["scheduling_delay_p50"])
-
-    capacity = find_capacity(measure, slo, SearchSettings(qps_start=0.5, qps_min=0.02, rel_tol=0.05)).capacity
-    qps = round(max(args.load * capacity, 0.05), 2)
-    print(
-        f"load: a one-sequence decode iteration takes {decode * 1e3:.0f} ms here; sarathi's simulated "
-        f"capacity "
-        f"on this workload (P99 TBT <= {slo.tbt_p99 * 1e3:.0f} ms, median scheduling delay <= 2 s) is "
-        f"{capacity:.2f} QPS, so the demo runs at {args.load:.0%} of it: {qps:g} QPS",
-        file=sys.stderr,
-    )
-    return qps
+    config = settings.engine_config()
+    model = machine_latency_model(config)  # profiles once, with a progress bar
+    if token_budget is None:
+        choice = auto_budget_choice(config, progress=False, workload=settings.workload())
+    else:
+        slo, reason = default_tbt_slo(model)
+        choice = choose_token_budget(
+            config,
+            model,
+            slo,
+            reason,
+            settings.workload(),
+            budgets=[token_budget],
+            profile=str(machine_profile_path(config)),
+            machine=machine_label(model.metadata),
+        )
+    plan = plan_from_choice(settings, choice)
+    print(plan.describe(), file=sys.stderr)
+    predicted = simulate_demo(plan, model)
+    rows = ", ".join(f"{name} {s['tbt_p99'] * 1e3:.0f} ms" for name, s in predicted.items())
+    print(f"predicted P99 TBT (simulation of these requests): {rows}", file=sys.stderr, flush=True)
+    return plan
 
 
 if __name__ == "__main__":

@@ -1,0 +1,56 @@
+"""The demo's promise on every kept machine profile, in simulation: at the load the demo calibrates,
+sarathi's P99 TBT is at least 3x lower than vllm's, throughput within 5% and P99 TTFT within 1.5x, and
+the whole demo (profile included) fits in 5 minutes. A regression on another kind of CPU fails here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sarathi.simulator.demo_plan import DemoSettings, plan_demo, predicted_wall_seconds, simulate_demo
+from sarathi.simulator.machine_profile import predicted_profile_seconds
+from sarathi.simulator.measured import MeasuredLatencyModel
+
+PROFILES = sorted((Path(__file__).parents[1] / "data" / "latency-profiles").glob("*.json"))
+DEMO_BOUND_S = 300.0
+
+
+@pytest.fixture(scope="module", params=PROFILES, ids=[p.stem for p in PROFILES])
+def calibrated(request):
+    model = MeasuredLatencyModel.load(request.param)
+    plan = plan_demo(DemoSettings(), model, profile=request.param.name)
+    return model, plan, simulate_demo(plan, model)
+
+
+def test_profiles_are_kept():
+    assert PROFILES, "tests/data/latency-profiles/ holds no profile"
+
+
+def test_the_calibrated_budget_meets_the_strict_slo(calibrated):
+    _, plan, runs = calibrated
+    assert plan.choice.meets_slo, plan.describe()
+    assert plan.choice.mixed_iteration_s <= plan.choice.tbt_slo_s
+    assert runs["sarathi"]["tbt_p99"] <= plan.choice.tbt_slo_s
+    assert plan.qps > 0.05
+
+
+def test_sarathi_separates_from_vllm_at_the_calibrated_load(calibrated):
+    _, plan, runs = calibrated
+    sarathi, vllm = runs["sarathi"], runs["vllm"]
+    for name, s in runs.items():
+        assert s["num_finished"] == plan.settings.num_requests, name
+    assert vllm["tbt_p99"] >= 3 * sarathi["tbt_p99"], (plan.describe(), sarathi["tbt_p99"], vllm["tbt_p99"])
+    assert runs["orca"]["tbt_p99"] >= 3 * sarathi["tbt_p99"]
+    tput, vllm_tput = sarathi["throughput_tokens_per_s"], vllm["throughput_tokens_per_s"]
+    assert abs(tput - vllm_tput) <= 0.05 * vllm_tput
+    assert sarathi["ttft_p99"] <= 1.5 * vllm["ttft_p99"]
+    # faster_transformer never mixes prompts into a running batch: requests wait to be scheduled.
+    assert runs["faster_transformer"]["scheduling_delay_p50"] > sarathi["scheduling_delay_p50"]
+
+
+def test_the_demo_fits_in_five_minutes_with_its_profile(calibrated):
+    model, _, runs = calibrated
+    profile_s = predicted_profile_seconds(model, max_model_len=8192)
+    assert profile_s <= 150.0
+    assert predicted_wall_seconds(runs, profile_s) <= DEMO_BOUND_S
