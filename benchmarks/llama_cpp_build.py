@@ -51,6 +51,25 @@ def cmake_build_command(build: Path, jobs: int) -> list[str]:
     return ["cmake", "--build", str(build), "-j", str(jobs), "--target", *TARGETS]
 
 
+def sdist_download_command(work: Path, version: str = LLAMA_CPP_PYTHON_VERSION) -> list[str]:
+    """pip's download of llama-cpp-python's own sdist and nothing else: ``--no-binary`` names only that
+    package (``:all:`` would make pip build its build dependencies, scikit-build-core and friends, from
+    source to read the sdist's metadata) and ``--no-deps`` skips its runtime dependencies."""
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-binary",
+        "llama-cpp-python",
+        "--no-deps",
+        "--dest",
+        str(work),
+        "--quiet",
+        f"llama-cpp-python=={version}",
+    ]
+
+
 def _nice(cmd: list[str], niceness: int) -> list[str]:
     return (["nice", "-n", str(niceness)] if niceness and shutil.which("nice") else []) + cmd
 
@@ -67,22 +86,7 @@ def ensure_llama_cpp(version: str = LLAMA_CPP_PYTHON_VERSION, niceness: int = 10
     work = Path(tempfile.mkdtemp(prefix=".build-", dir=out))
     try:
         log(f"llama.cpp: downloading the llama-cpp-python=={version} sdist from the package registry")
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                f"llama-cpp-python=={version}",
-                "--no-binary",
-                ":all:",
-                "--no-deps",
-                "-d",
-                str(work),
-                "-q",
-            ],
-            check=True,
-        )
+        subprocess.run(sdist_download_command(work, version), check=True)
         sdist = next(work.glob("llama_cpp_python-*.tar.gz"))
         prefix = f"{sdist.name.removesuffix('.tar.gz')}/vendor/llama.cpp/"
         with tarfile.open(sdist) as tar:
