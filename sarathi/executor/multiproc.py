@@ -10,20 +10,22 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
-import multiprocessing
 import os
 import pickle
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 
 import zmq
 
+import sarathi
 from sarathi.config import EngineConfig
 from sarathi.executor.base import Executor, WorkerFailedError
 from sarathi.executor.messages import StageTiming, StepInput, StepOutput
 from sarathi.model.parallel import ShardSpec
-from sarathi.worker.process import StopWorker, WorkerError, WorkerReady, WorkerSpec, describe_rank, run_worker
+from sarathi.worker.process import StopWorker, WorkerError, WorkerReady, WorkerSpec, describe_rank
 
 _POLL_MS = 200
 STEP_TIMEOUT_S = float(os.environ.get("SARATHI_STEP_TIMEOUT_S", "600"))
@@ -66,13 +68,11 @@ class MultiprocExecutor(Executor):
         result_address = self._results.getsockopt_string(zmq.LAST_ENDPOINT)
         init_method = f"tcp://127.0.0.1:{free_tcp_port()}"
         self._steps: list[zmq.Socket] = []
-        self._processes: list[multiprocessing.Process] = []
+        self._processes: list[subprocess.Popen] = []
         self._pending: collections.deque[int] = collections.deque()
         self._outputs: dict[int, StepOutput] = {}
         self._timings: list[StageTiming] = []
         self._closed = False
-        ctx = multiprocessing.get_context("spawn")
-        # Runs before multiprocessing's own exit handler, which would wait forever for the workers.
         atexit.register(self.shutdown)
         try:
             for shard in self.shards:
@@ -89,9 +89,7 @@ class MultiprocExecutor(Executor):
                     sock.getsockopt_string(zmq.LAST_ENDPOINT),
                     result_address,
                 )
-                process = ctx.Process(target=run_worker, args=(spec,), name=f"sarathi-worker-{shard.rank}")
-                process.start()
-                self._processes.append(process)
+                self._processes.append(_start_worker(spec))
             self._wait_ready()
         except BaseException:
             self.shutdown()
@@ -148,9 +146,9 @@ class MultiprocExecutor(Executor):
 
     def check_health(self, exclude_rank: int | None = None) -> None:
         for shard, process in zip(self.shards, self._processes, strict=False):
-            if shard.rank != exclude_rank and not process.is_alive():
+            if shard.rank != exclude_rank and process.poll() is not None:
                 raise WorkerFailedError(
-                    f"worker {describe_rank(shard)} (pid {process.pid}) exited with code {process.exitcode}"
+                    f"worker {describe_rank(shard)} (pid {process.pid}) exited with code {process.returncode}"
                 )
 
     @property
@@ -167,13 +165,31 @@ class MultiprocExecutor(Executor):
                 sock.send_pyobj(StopWorker(), zmq.NOBLOCK)
         deadline = time.monotonic() + 5
         for process in self._processes:
-            process.join(max(0.1, deadline - time.monotonic()))
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(max(0.1, deadline - time.monotonic()))
         for process in self._processes:
-            if process.is_alive():
+            if process.poll() is None:
                 process.kill()
-                process.join(5)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(5)
         for sock in self._steps:
             sock.close(linger=0)
         self._results.close(linger=0)
         self._context.term()
         self._dir.cleanup()
+
+
+def _start_worker(spec: WorkerSpec) -> subprocess.Popen:
+    """``python -m sarathi.worker`` with ``spec`` on its stdin: a fresh interpreter that imports only
+    sarathi, never the main script of this process (see sarathi/worker/__main__.py)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(sarathi.__file__)))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    process = subprocess.Popen(
+        # -P: the working directory does not go first on sys.path, where a stray file could shadow a library.
+        [sys.executable, "-P", "-m", "sarathi.worker"],
+        stdin=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    with process.stdin:
+        process.stdin.write(pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL))
+    return process
