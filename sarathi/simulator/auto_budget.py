@@ -187,9 +187,14 @@ def machine_label(metadata: dict) -> str:
     return f"{f'{name}, ' if name else ''}{cpu}, {metadata.get('cores', '?')} cores"
 
 
-def _choice_path(profile: Path, config: EngineConfig, tbt_slo: float, workload: WorkloadConfig) -> Path:
+def choice_cache_dir() -> Path:
+    """Where choices are cached: beside the cached profiles."""
     from sarathi.model.embedded import cache_root
 
+    return cache_root() / "latency-profiles" / "budget-choices"
+
+
+def _choice_path(profile: Path, config: EngineConfig, tbt_slo: float, workload: WorkloadConfig) -> Path:
     s, c = config.scheduler, config.cache
     key = {
         "version": _CHOICE_VERSION,
@@ -206,7 +211,7 @@ def _choice_path(profile: Path, config: EngineConfig, tbt_slo: float, workload: 
         "seed": config.model.seed,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return cache_root() / "latency-profiles" / "budget-choices" / f"{digest}.json"
+    return choice_cache_dir() / f"{digest}.json"
 
 
 def _load_choice(path: Path) -> BudgetChoice | None:
