@@ -51,10 +51,10 @@ class EngineCore:
                 return
             for message in messages:
                 self._handle(message, out)
-            if not self.engine.has_unfinished_requests():
-                # A dead worker fails the engine now, not when the next request arrives.
-                self.engine.executor.check_health()
-            else:
+            # A dead worker fails the engine (which stops the others) on this pass: not only when a step
+            # is collected, which may not happen while nothing is scheduled or no request arrives.
+            self.engine.executor.check_health()
+            if self.engine.has_unfinished_requests():
                 iterations_before = self.engine.num_iterations
                 out.outputs.extend(self.engine.step())
                 if self.engine.num_iterations > iterations_before:

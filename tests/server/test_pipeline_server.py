@@ -4,6 +4,7 @@ server test set (openai client, streaming, abort on disconnect, bad input, worke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -122,6 +123,30 @@ def test_a_killed_worker_fails_health_and_open_streams_and_leaves_no_process():
         assert r.status_code == 503 and r.json()["error"]["code"] == "engine_dead"
         # The engine core stops its other worker and exits; nothing is left behind.
         assert wait_for(lambda: not any(pid_alive(p) for p in [srv.engine_core_pid, *srv.worker_pids]), 15)
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "streaming"])
+def test_a_killed_first_stage_stops_the_other_worker_and_the_engine_core(busy):
+    """SIGKILL pipeline stage 0: the survivor (stage 1) and the engine core exit within seconds, whether
+    a stream was running or not, and the API answers 503 as after an engine-core crash."""
+    srv = ServerProcess("--pipeline-parallel-size", "2", "--num-kv-blocks", "256")
+    try:
+        survivor = srv.worker_pids[1]
+        with contextlib.ExitStack() as open_stream:
+            if busy:
+                body = {**LONG, "stream": True}
+                r = open_stream.enter_context(
+                    httpx.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=120)
+                )
+                next(r.iter_lines())  # the first token: both stages are running the request
+            os.kill(srv.worker_pids[0], signal.SIGKILL)
+            assert wait_for(lambda: not pid_alive(srv.engine_core_pid) and not pid_alive(survivor), 15)
+        r = httpx.get(f"{srv.url}/health", timeout=10)
+        assert r.status_code == 503 and "rank 0" in r.json()["error"]["message"], r.text
+        r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "engine_dead"
     finally:
         srv.stop()
 
