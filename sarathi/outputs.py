@@ -86,6 +86,7 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     new_logprobs: list[TokenLogprob] | None = None
     error: str | None = None  # set when finish_reason is "error": why the engine failed this request
+    error_code: str | None = None  # "invalid_structured_output": the request's own constraint failed
     token_ids: list[int] | None = None
     text: str | None = None
     token_time: float | None = None

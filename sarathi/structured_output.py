@@ -20,7 +20,7 @@ import os
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Literal, TypeVar
 
 Kind = Literal["json", "regex", "choice", "grammar"]
@@ -35,10 +35,12 @@ ANY_JSON_OBJECT = '{"type": "object"}'
 class StructuredOutput:
     """What a request's output must match: ``kind`` "json" (``spec``: a JSON schema as text), "regex"
     (a regular expression), "choice" (a JSON list of strings: exactly one of them) or "grammar" (a
-    Lark grammar in llguidance's dialect, or GBNF)."""
+    Lark grammar in llguidance's dialect, or GBNF). ``source`` names the request field it came from, for
+    error messages."""
 
     kind: Kind
     spec: str
+    source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

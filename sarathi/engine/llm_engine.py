@@ -221,7 +221,8 @@ class LLMEngine:
                 seq = waiting[0]
                 seq.finish(SequenceStatus.FINISHED_ERROR, self.clock())
                 self._forget(request_id)
-                outputs.append(self.outputs.error_output(seq, f"structured output: {error}"))
+                error = f"structured output: {error}"
+                outputs.append(self.outputs.error_output(seq, error, "invalid_structured_output"))
         return outputs
 
     def _poll_grammars(self) -> list[RequestOutput]:
@@ -321,7 +322,7 @@ class LLMEngine:
         self._stage_timings.extend(self.executor.drain_timings())
         for e, r in zip(sampling, results, strict=True):
             if r.error and not e.seq.is_finished:
-                outputs.append(self._fail(e.seq, r.error, end))
+                outputs.append(self._fail(e.seq, r.error, end, r.error_code))
         new_tokens = {e.seq.seq_id: r.token_id for e, r in zip(sampling, results, strict=True) if not r.error}
         live = [
             (e, r) for e, r in zip(sampling, results, strict=True) if not r.error and not e.seq.is_finished
@@ -342,13 +343,13 @@ class LLMEngine:
         self._record_stats(flight, end)
         return outputs
 
-    def _fail(self, seq: Sequence, error: str, now: float) -> RequestOutput:
+    def _fail(self, seq: Sequence, error: str, now: float, error_code: str | None = None) -> RequestOutput:
         """Finish ``seq`` with an internal error; its blocks are freed and nothing else is touched."""
         self.scheduler.finish_sequence(seq, SequenceStatus.FINISHED_ERROR, now)
         if seq.status is not SequenceStatus.FINISHED_ERROR:  # it had just finished when its output failed
             seq.finish(SequenceStatus.FINISHED_ERROR, now)
         self._forget(seq.seq_id)
-        return self.outputs.error_output(seq, error)
+        return self.outputs.error_output(seq, error, error_code)
 
     def _forget(self, request_id: str) -> None:
         self._release_held(request_id)

@@ -102,7 +102,7 @@ class OutputProcessor:
         self._prompt_logprobs_sent.add(request_id)
         return gathered
 
-    def error_output(self, seq: Sequence, error: str) -> RequestOutput:
+    def error_output(self, seq: Sequence, error: str, error_code: str | None = None) -> RequestOutput:
         """The last delta of a request the engine failed (``finish_reason`` "error")."""
         self.remove(seq.seq_id)
         return RequestOutput(
@@ -115,6 +115,7 @@ class OutputProcessor:
             finish_reason=SequenceStatus.FINISHED_ERROR.finish_reason,
             metrics=RequestMetrics.of(seq),
             error=error,
+            error_code=error_code,
             token_ids=list(seq.output_token_ids),
             text="",
         )

@@ -70,11 +70,13 @@ class StepInput:
 
 @dataclass(frozen=True)
 class SampledToken:
-    """One sampling row's result: a token (and its logprobs if asked), or why this row failed."""
+    """One sampling row's result: a token (and its logprobs if asked), or why this row failed
+    (``error_code`` "invalid_structured_output" when the request's own constraint failed)."""
 
     token_id: int | None
     logprob: TokenLogprob | None = None
     error: str | None = None
+    error_code: str | None = None
 
 
 @dataclass(frozen=True)

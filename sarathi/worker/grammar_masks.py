@@ -32,6 +32,7 @@ from sarathi.structured_output import (
 )
 
 _KEPT_PRISTINE = 64
+CONSTRAINT_FAILED = "invalid_structured_output"  # the error code of a row whose own constraint failed
 _Key = tuple[str, str]
 
 

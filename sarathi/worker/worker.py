@@ -15,7 +15,7 @@ from sarathi.executor.messages import SampledToken, StageTiming, StepInput, Step
 from sarathi.model import allocate_kv_cache, load_model
 from sarathi.model.loader import resolve_compute_dtype
 from sarathi.model.parallel import WHOLE_MODEL, ParallelContext, ShardSpec, TensorParallelGroup
-from sarathi.worker.grammar_masks import GrammarMasks
+from sarathi.worker.grammar_masks import CONSTRAINT_FAILED, GrammarMasks
 from sarathi.worker.model_runner import ModelRunner, RequestState
 from sarathi.worker.prompt_logprobs import score_prompt_rows
 from sarathi.worker.sampler import Sampler
@@ -87,7 +87,7 @@ class Worker:
         out, failed = self.grammars.apply(out[: inputs.num_sampling_rows], request_ids)
         sampled = self.sampler.sample(out, params, [r.num_output_tokens for r in states], history)
         for i, error in failed.items():
-            sampled[i] = SampledToken(None, error=error)
+            sampled[i] = SampledToken(None, error=error, error_code=CONSTRAINT_FAILED)
         self.grammars.advance(request_ids, sampled)
         ready, failed = self.grammars.poll()
         timing = StageTiming(step.step_id, self.shard.pp_rank, start, time.monotonic())

@@ -34,6 +34,7 @@ from sarathi.entrypoints.openai.engine_requests import (
     deltas,
     engine_dead,
     internal_error,
+    request_error,
     sse,
     submit,
 )
@@ -67,8 +68,12 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
+        if state.constraints is not None:
+            await state.constraints.start()  # the helper loads the tokenizer before the first request
         yield
         # Runs once uvicorn has drained (or given up on) in-flight requests.
+        if state.constraints is not None:
+            await state.constraints.close()
         await state.client.shutdown()
         print("sarathi serve: engine core stopped", flush=True)
 
@@ -286,7 +291,7 @@ async def _stream_events(
                 yield sse(engine_dead(item).body())
                 break
             if item.error is not None:
-                yield sse(internal_error(item.error).body())
+                yield sse(request_error(item).body())
                 break
             if first[index]:
                 item = echoed_delta(jobs[choices[index].prompt], item)

@@ -22,6 +22,7 @@ import sys
 from sarathi.structured_output import ConstraintError, StructuredOutput, StructuredOutputLimits
 
 _CACHED_VERDICTS = 256
+_STARTUP_TIMEOUT_S = 120.0  # importing llguidance and loading the tokenizer, not counted as compile time
 
 
 class ConstraintChecker:
@@ -41,6 +42,11 @@ class ConstraintChecker:
         self._verdicts: collections.OrderedDict[tuple[str, str], str | None] = collections.OrderedDict()
         self.num_restarts = 0
 
+    async def start(self) -> None:
+        """Start the helper process now rather than at the first constrained request."""
+        async with self._lock:
+            await self._helper()
+
     async def check(self, constraint: StructuredOutput) -> None:
         """Raise ConstraintError if ``constraint`` does not compile, crashes the compiler or takes longer
         than ``limits.compile_timeout_s``."""
@@ -56,6 +62,8 @@ class ConstraintChecker:
             raise ConstraintError(error)
 
     async def _compile(self, constraint: StructuredOutput) -> str | None:
+        """The helper's verdict on ``constraint`` (None: it compiles). A helper that does not start raises
+        ConstraintError (not a verdict on this constraint: not cached)."""
         proc = await self._helper()
         line = json.dumps({"kind": constraint.kind, "spec": constraint.spec}) + "\n"
         try:
@@ -85,6 +93,13 @@ class ConstraintChecker:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
             )
+            try:
+                ready = await asyncio.wait_for(self._proc.stdout.readline(), _STARTUP_TIMEOUT_S)
+            except TimeoutError:
+                ready = b""
+            if not ready:
+                code = await self._discard()
+                raise ConstraintError(f"the grammar compiler did not start (exit code {code})")
         return self._proc
 
     async def _discard(self) -> int | None:
@@ -115,6 +130,8 @@ def _serve(tokenizer_dir: str, vocab_size: str, eos_ids: str) -> None:
 
     eos = tuple(int(t) for t in eos_ids.split(",") if t)
     tokenizer = llg_tokenizer(tokenizer_dir, int(vocab_size), eos)
+    sys.stdout.write(json.dumps({"ready": True}) + "\n")
+    sys.stdout.flush()
     for line in sys.stdin:
         request = json.loads(line)
         try:

@@ -13,6 +13,7 @@ from sarathi.engine.core_client import EngineDeadError, RequestRejectedError, Re
 from sarathi.entrypoints.openai.choices import ChoiceResult
 from sarathi.entrypoints.openai.protocol import APIError
 from sarathi.entrypoints.openai.server_state import ServerState
+from sarathi.entrypoints.openai.structured_requests import check_constraints
 from sarathi.outputs import RequestOutput, TokenLogprob
 from sarathi.sampling_params import SamplingParams
 
@@ -23,7 +24,10 @@ DISCONNECT_POLL_S = 0.5
 async def submit(
     state: ServerState, request_id: str, prompt_ids: list[int], params: SamplingParams, after: str | None
 ) -> RequestStream:
-    """Hand a request to the engine core; its rejection as the matching APIError (400, 429, 500, 503)."""
+    """Hand a request to the engine core; its rejection as the matching APIError (400, 429, 500, 503).
+    A structured output is compiled first, in the constraint checker's helper process."""
+    if params.structured_output is not None:
+        await check_constraints(state.constraints, [params.structured_output])
     try:
         return await state.client.add_request(request_id, prompt_ids, params, time.monotonic(), after)
     except RequestRejectedError as e:
@@ -47,7 +51,7 @@ async def collect(
     logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
     async for delta in deltas(state, raw, stream, num_prompt_tokens):
         if delta.error is not None:
-            raise internal_error(delta.error)
+            raise request_error(delta)
         text.append(delta.new_text)
         finish, num_output, cached = delta.finish_reason, delta.num_output_tokens, delta.num_cached_tokens
         if logprobs is not None:
@@ -89,6 +93,14 @@ async def deltas(
         if not stream.finished:
             state.metrics.observe_request_end("abort", num_prompt_tokens, None, num_output)
             stream.close()
+
+
+def request_error(failed: RequestOutput) -> APIError:
+    """Why the engine failed a request: a 400 when its own structured output failed (a constraint the
+    grammar library could compile but not follow), else a 500."""
+    if failed.error_code == "invalid_structured_output":
+        return APIError(failed.error or "structured output failed", param=None, code=failed.error_code)
+    return internal_error(failed.error or "unknown error")
 
 
 def internal_error(message: str) -> APIError:

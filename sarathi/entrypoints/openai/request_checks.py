@@ -21,7 +21,7 @@ from sarathi.entrypoints.openai.protocol import (
 )
 from sarathi.entrypoints.openai.refusals import Refusal, check_refusals
 from sarathi.entrypoints.openai.server_state import ServerState
-from sarathi.entrypoints.openai.structured_requests import structured_output_of
+from sarathi.entrypoints.openai.structured_requests import bounded, structured_output_of
 from sarathi.entrypoints.openai.tool_calls import ToolPlan, with_tool_prompt
 from sarathi.sampling_params import SamplingParams
 
@@ -152,8 +152,10 @@ def sampling_params_for(
         )
     if bad := [t for t, _ in params.logit_bias if t >= vocab]:
         raise APIError(f"logit_bias: token ids must be in [0, {vocab}), got {bad[:5]}", param="logit_bias")
-    constraint = structured_output_of(req)
+    constraint = structured_output_of(req, state.constraint_limits)
     if tools is not None and (tool_constraint := tools.constraint()) is not None:
+        tool_constraint = dataclasses.replace(tool_constraint, source="tools")
+        bounded(tool_constraint, state.constraint_limits)
         if constraint is not None:
             raise APIError(
                 "tool_choice: 'required' or a named function cannot be combined with a structured output",

@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from sarathi.engine.core_client import EngineDeadError, RequestStream
-from sarathi.entrypoints.openai.engine_requests import collect, deltas, engine_dead, internal_error, submit
+from sarathi.entrypoints.openai.engine_requests import collect, deltas, engine_dead, request_error, submit
 from sarathi.entrypoints.openai.refusals import RESPONSES
 from sarathi.entrypoints.openai.request_checks import (
     check_model,
@@ -73,7 +73,7 @@ async def _events(
     try:
         async for delta in deltas(state, raw, stream, num_prompt_tokens):
             if delta.error is not None:
-                yield _sse(_error_event(builder, internal_error(delta.error)))
+                yield _sse(_error_event(builder, request_error(delta)))
                 return
             for event in builder.feed(delta):
                 yield _sse(event)

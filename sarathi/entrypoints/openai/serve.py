@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import fields
 
 from sarathi.entrypoints.args import add_engine_args, engine_config_from_args
 from sarathi.entrypoints.openai.guards import (
@@ -22,6 +23,19 @@ from sarathi.entrypoints.openai.guards import (
     RequestLimits,
 )
 from sarathi.entrypoints.openai.tool_calls import TOOL_CALL_PARSERS, choose_tool_parser
+from sarathi.structured_output import StructuredOutputLimits
+
+_CONSTRAINT_FLAG_HELP = {
+    "max_grammar_chars": "characters of a guided grammar (Lark or GBNF)",
+    "max_grammar_rules": "rule definitions in a guided grammar",
+    "max_schema_chars": "characters of a JSON schema (response_format, guided_json, tools)",
+    "max_schema_depth": "nesting depth of a JSON schema",
+    "max_choices": "strings in a guided_choice",
+    "max_choice_chars": "characters of one guided_choice string",
+    "max_regex_chars": "characters of a guided regex",
+    "max_nesting": "brackets nested inside a guided regex or grammar",
+    "compile_timeout_s": "seconds a constraint may take to compile (in a helper process)",
+}
 
 DEFAULT_PORT = 8000
 
@@ -74,6 +88,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
     guard.add_argument(
         "--max-logprobs", type=int, default=MAX_LOGPROBS, help="alternatives per token a request may ask for"
     )
+    so = p.add_argument_group("structured outputs (bounds checked before compiling; over one: HTTP 400)")
+    defaults = StructuredOutputLimits()
+    for f in fields(StructuredOutputLimits):
+        so.add_argument(
+            _constraint_flag(f.name),
+            dest=f.name,
+            type=type(getattr(defaults, f.name)),
+            default=getattr(defaults, f.name),
+            help=f"{_CONSTRAINT_FLAG_HELP[f.name]} (default %(default)s)",
+        )
     tools = p.add_argument_group("tool calling")
     tools.add_argument(
         "--tool-call-parser",
@@ -93,6 +117,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     # The token budget for the paper's strict TBT SLO on this machine, printed with its reason.
     p.set_defaults(run=run, token_budget="auto")
     return p
+
+
+def _constraint_flag(field_name: str) -> str:
+    if field_name == "compile_timeout_s":
+        return "--structured-output-compile-timeout"
+    return "--" + field_name.replace("_", "-")
 
 
 def served_model_name(model: str | None, explicit: str | None) -> str:
@@ -118,6 +148,9 @@ def run(args: argparse.Namespace) -> int:
             max_stop_string_chars=args.max_stop_string_chars,
             max_logprobs=args.max_logprobs,
         )
+        constraint_limits = StructuredOutputLimits(
+            **{f.name: getattr(args, f.name) for f in fields(StructuredOutputLimits)}
+        )
         policy = AccessPolicy(
             api_key=args.api_key or None,
             allowed_origins=_csv(args.allowed_origins),
@@ -131,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_serve(args, config, limits, policy))
+        return asyncio.run(_serve(args, config, limits, constraint_limits, policy))
     except RuntimeError as e:  # the engine core could not start
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -141,11 +174,18 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-async def _serve(args: argparse.Namespace, config, limits: RequestLimits, policy: AccessPolicy) -> int:
+async def _serve(
+    args: argparse.Namespace,
+    config,
+    limits: RequestLimits,
+    constraint_limits: StructuredOutputLimits,
+    policy: AccessPolicy,
+) -> int:
     import uvicorn
 
     from sarathi.engine.core_client import EngineCoreClient
     from sarathi.entrypoints.openai.api_server import ServerState, create_app
+    from sarathi.entrypoints.openai.constraint_checker import ConstraintChecker
     from sarathi.entrypoints.openai.server_metrics import ServerMetrics
     from sarathi.tokenizer import Tokenizer
 
@@ -159,6 +199,11 @@ async def _serve(args: argparse.Namespace, config, limits: RequestLimits, policy
         budget = sched.token_budget if sched.name in ("sarathi", "simple_chunking") else None
         metrics = ServerMetrics(name, budget)
         state = ServerState(client, name, tokenizer, metrics, int(time.time()), limits)
+        state.constraint_limits = constraint_limits
+        if ready.tokenizer_dir is not None:
+            state.constraints = ConstraintChecker(
+                ready.tokenizer_dir, ready.vocab_size, ready.eos_token_ids, constraint_limits
+            )
         parser, why = choose_tool_parser(tokenizer.chat_template if tokenizer else None)
         if args.tool_call_parser is not None:
             parser, why = args.tool_call_parser, "--tool-call-parser"
@@ -188,6 +233,7 @@ async def _serve(args: argparse.Namespace, config, limits: RequestLimits, policy
             "block_size": ready.block_size,
             "max_waiting": args.max_waiting,
             "limits": dataclasses.asdict(limits),
+            "structured_output_limits": dataclasses.asdict(constraint_limits),
             "api_key_required": policy.api_key is not None,
             **dataclasses.asdict(ready.config),
         }

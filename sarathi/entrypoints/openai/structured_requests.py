@@ -1,22 +1,33 @@
 """A request's structured-output fields (OpenAI's ``response_format``, vLLM's ``guided_*`` and
-``structured_outputs``) as one ``StructuredOutput``, compiled here so that a bad one is a 400 naming the
-field before the engine ever sees it."""
+``structured_outputs``) as one ``StructuredOutput``, held to the server's bounds here and compiled in the
+constraint checker's helper process (``check_constraints``), so that a bad one is a 400 naming the field
+before the engine ever sees it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Iterable
 from typing import Any
 
+from sarathi.entrypoints.openai.constraint_checker import ConstraintChecker
 from sarathi.entrypoints.openai.protocol import APIError
-from sarathi.structured_output import ANY_JSON_OBJECT, StructuredOutput, validate
+from sarathi.structured_output import (
+    ANY_JSON_OBJECT,
+    ConstraintError,
+    StructuredOutput,
+    StructuredOutputLimits,
+    check_bounds,
+)
 
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 _SO_KEYS = {"json": "json", "regex": "regex", "choice": "choice", "grammar": "grammar"}
 
 
-def structured_output_of(req: Any) -> StructuredOutput | None:
+def structured_output_of(req: Any, limits: StructuredOutputLimits) -> StructuredOutput | None:
     """The one constraint ``req`` asks for (None: free text); APIError naming the field if it asks for
-    several, or for one that is malformed or does not compile."""
+    several, or for one that is malformed or over ``limits``. Whether it compiles is
+    ``check_constraints``'."""
     found: list[tuple[str, StructuredOutput]] = []
     for name in GUIDED_FIELDS:
         value = getattr(req, name, None)
@@ -34,11 +45,36 @@ def structured_output_of(req: Any) -> StructuredOutput | None:
     if not found:
         return None
     param, constraint = found[0]
+    return bounded(dataclasses.replace(constraint, source=param), limits)
+
+
+def bounded(constraint: StructuredOutput, limits: StructuredOutputLimits) -> StructuredOutput:
+    """``constraint`` if it is within ``limits``; else the APIError naming its field."""
     try:
-        validate(constraint)
-    except ValueError as e:
-        raise APIError(f"{param}: {e}", param=param, code="invalid_structured_output") from None
+        check_bounds(constraint, limits)
+    except ConstraintError as e:
+        raise _invalid(constraint, e) from None
     return constraint
+
+
+async def check_constraints(
+    checker: ConstraintChecker | None, constraints: Iterable[StructuredOutput]
+) -> None:
+    """Compile each distinct constraint in the checker's helper process; APIError naming the field of
+    the first that fails. Never blocks the event loop."""
+    if checker is None:
+        return
+    for constraint in dict.fromkeys(constraints):
+        try:
+            await checker.check(constraint)
+        except ConstraintError as e:
+            raise _invalid(constraint, e) from None
+
+
+def _invalid(constraint: StructuredOutput, error: ConstraintError) -> APIError:
+    param = constraint.source or None
+    prefix = f"{param}: " if param else ""
+    return APIError(f"{prefix}{error}", param=param, code="invalid_structured_output")
 
 
 def _guided(param: str, kind: str, value: Any) -> StructuredOutput:
