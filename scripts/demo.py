@@ -19,6 +19,7 @@ The Figure 7 demo that ``make demo`` ran before is ``scripts/figure7.py``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from sarathi.entrypoints.cli import main as sarathi_main
@@ -100,6 +101,7 @@ def calibrate(settings: DemoSettings, token_budget: int | None):
         choose_token_budget,
         default_tbt_slo,
         machine_label,
+        profile_error_label,
     )
     from sarathi.simulator.demo_plan import plan_from_choice, simulate_demo
     from sarathi.simulator.machine_profile import machine_latency_model, machine_profile_path
@@ -120,6 +122,7 @@ def calibrate(settings: DemoSettings, token_budget: int | None):
             profile=str(machine_profile_path(config)),
             machine=machine_label(model.metadata),
         )
+        choice = dataclasses.replace(choice, profile_error=profile_error_label(model.metadata))
     plan = plan_from_choice(settings, choice)
     print(plan.describe(), file=sys.stderr)
     predicted = simulate_demo(plan, model)

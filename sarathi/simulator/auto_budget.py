@@ -33,7 +33,7 @@ DEFAULT_SLO_MULTIPLE = STRICT_MULTIPLE
 #: The cached tokens of the one-sequence decode that the default SLO is a multiple of.
 DECODE_CONTEXT = 256
 CHUNKING_SCHEDULERS = ("sarathi", "simple_chunking")
-_CHOICE_VERSION = 2
+_CHOICE_VERSION = 3
 _SEARCH = SearchSettings(qps_start=0.25, qps_min=0.01, qps_max=1e4, rel_tol=0.15, max_probes=6)
 
 
@@ -52,6 +52,7 @@ class BudgetChoice:
     machine: str
     workload: str
     candidates: list[dict]
+    profile_error: str = ""
 
     def describe(self) -> str:
         """The lines printed at start-up."""
@@ -69,7 +70,8 @@ class BudgetChoice:
                 f"(its mixed iteration is predicted at {self.mixed_iteration_s * 1e3:.0f} ms); "
                 "set a looser --tbt-slo or a budget by hand (--token-budget N)"
             )
-        return f"{head}\n  {verdict}\n  profile: {self.profile} ({self.machine})"
+        error = f"; {self.profile_error}" if self.profile_error else ""
+        return f"{head}\n  {verdict}\n  profile: {self.profile} ({self.machine}{error})"
 
 
 def one_sequence_decode_s(model: LatencyModel) -> float:
@@ -162,6 +164,7 @@ def auto_budget_choice(
         choice = choose_token_budget(
             config, model, tbt_slo, reason, workload, profile=str(path), machine=machine
         )
+        choice = dataclasses.replace(choice, profile_error=profile_error_label(model.metadata))
         _save_choice(cache, choice)
     if progress:
         print(choice.describe(), flush=True)
@@ -173,6 +176,14 @@ def auto_token_budget(config: EngineConfig, tbt_slo: float | None = None, progre
     if config.scheduler.name not in CHUNKING_SCHEDULERS:
         return DEFAULT_TOKEN_BUDGET
     return auto_budget_choice(config, tbt_slo, progress).token_budget
+
+
+def profile_error_label(metadata: dict) -> str:
+    """The profile's 5-fold held-out error in words ("" when it was not recorded)."""
+    e = metadata.get("held_out_error")
+    if not isinstance(e, dict):
+        return ""
+    return f"held-out error median {e['median']:.1%}, p90 {e['p90']:.1%}, max {e['max']:.1%}"
 
 
 def machine_label(metadata: dict) -> str:

@@ -17,11 +17,17 @@ would take on that machine.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from sarathi.benchmark.workload import WorkloadConfig
 from sarathi.config import EngineConfig, engine_config
-from sarathi.simulator.auto_budget import BudgetChoice, choose_token_budget, default_tbt_slo
+from sarathi.simulator.auto_budget import (
+    BudgetChoice,
+    choose_token_budget,
+    default_tbt_slo,
+    profile_error_label,
+)
 from sarathi.simulator.latency_model import LatencyModel
 
 SCHEDULERS = ("sarathi", "vllm", "orca", "faster_transformer")
@@ -74,7 +80,8 @@ class DemoPlan:
         c, s = self.choice, self.settings
         return "\n".join(
             [
-                f"machine: {c.machine} (profile {c.profile})",
+                f"machine: {c.machine} (profile {c.profile}"
+                + (f"; {c.profile_error})" if c.profile_error else ")"),
                 f"SLO: P99 TBT <= {c.tbt_slo_s * 1e3:.0f} ms ({c.slo_reason})",
                 f"token budget: {c.token_budget} (" + _budget_reason(c) + ")",
                 f"load: {self.qps:g} QPS = {s.load_fraction:.0%} of sarathi's simulated capacity "
@@ -85,6 +92,12 @@ class DemoPlan:
 
 
 def _budget_reason(c: BudgetChoice) -> str:
+    if len(c.candidates) == 1:
+        verdict = "meets" if c.meets_slo else "BREAKS"
+        return (
+            f"given with --token-budget; its mixed iteration, predicted {c.mixed_iteration_s * 1e3:.0f} ms, "
+            f"{verdict} the SLO"
+        )
     if not c.meets_slo:
         return (
             f"NO budget meets the SLO on this machine; the closest, mixed iteration predicted "
@@ -102,7 +115,8 @@ def plan_demo(settings: DemoSettings, model: LatencyModel, profile: str = "", ma
     choice = choose_token_budget(
         settings.engine_config(), model, slo, reason, settings.workload(), profile=profile, machine=machine
     )
-    return plan_from_choice(settings, choice)
+    error = profile_error_label(getattr(model, "metadata", {}))
+    return plan_from_choice(settings, dataclasses.replace(choice, profile_error=error))
 
 
 def plan_from_choice(settings: DemoSettings, choice: BudgetChoice) -> DemoPlan:
