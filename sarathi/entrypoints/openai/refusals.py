@@ -72,11 +72,6 @@ COMPLETIONS = (
     Refusal("add_special_tokens", "the tokenizer's special tokens are always added", _is(True)),
 )
 
-_TOOL_RENDERING = (
-    Refusal("tools", "/tokenize does not render tools", _is([])),
-    Refusal("tool_choice", "/tokenize does not render tools (only 'none')", _is("none")),
-)
-
 _CHAT_TEMPLATE = (
     Refusal("functions", _TOOLS + "; use tools", _is([])),
     Refusal("function_call", _TOOLS + "; use tool_choice (only 'none')", _is("none")),
@@ -96,7 +91,7 @@ CHAT = (
     Refusal("prediction", "predicted outputs are not supported", _never),
 )
 
-TOKENIZE = (*_TOOL_RENDERING, *_CHAT_TEMPLATE)
+TOKENIZE = _CHAT_TEMPLATE
 
 _STATELESS = "this server is stateless (responses are not stored): send the whole conversation as input"
 

@@ -200,13 +200,12 @@ class ToolChatFormat(ChatFormat):
     def final(self, rid: str, created: int, results: list[ChoiceResult]) -> dict:
         body = super().final(rid, created, results)
         for choice, r in zip(body["choices"], results, strict=True):
-            text, calls = self.plan.parse(r.text)
-            if calls and r.finish_reason in ("stop", "length"):
-                choice["message"] = {
-                    "role": "assistant",
-                    "content": text,
-                    "tool_calls": [c.as_json() for c in calls],
-                }
+            if r.finish_reason not in ("stop", "length"):
+                continue
+            text, calls = self.plan.parse(r.text, cut=r.finish_reason == "length")
+            choice["message"] = {"role": "assistant", "content": text}
+            if calls:
+                choice["message"]["tool_calls"] = [c.as_json() for c in calls]
                 if r.finish_reason == "stop":
                     choice["finish_reason"] = "tool_calls"
         return body

@@ -24,7 +24,8 @@ def response_usage(input_tokens: int, output_tokens: int, cached_tokens: int) ->
     """``usage`` in the Responses shape."""
     return {
         "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": cached_tokens},
+        # Nothing is written to a cache on request (the prefix cache fills itself): no cache writes.
+        "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": input_tokens + output_tokens,
@@ -94,7 +95,7 @@ class ResponseFormat:
         """The whole Response of a finished request (calls completed before a cut-off included)."""
         content, calls = result.text, []
         if self.plan is not None:
-            content, calls = self.plan.parse(result.text)
+            content, calls = self.plan.parse(result.text, cut=result.finish_reason == "length")
         status = "incomplete" if result.finish_reason == "length" else "completed"
         output = []
         if content or not calls:

@@ -1,6 +1,7 @@
 """``POST /tokenize`` and ``POST /detokenize`` with vLLM's request and response shapes.
 
-``/tokenize`` takes ``{"prompt": str}`` or ``{"messages": [...], "add_generation_prompt": bool}`` and
+``/tokenize`` takes ``{"prompt": str}`` or ``{"messages": [...], "add_generation_prompt": bool}`` (with
+``tools`` and ``tool_choice``: the prompt chat completions would run, tool definitions included) and
 answers ``{"count", "max_model_len", "tokens", "token_strs"}``; ``/detokenize`` takes ``{"tokens": [...]}``
 and answers ``{"prompt": str}``.
 """
@@ -8,7 +9,7 @@ and answers ``{"prompt": str}``.
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,6 +18,7 @@ from sarathi.entrypoints.openai.protocol import APIError, ChatMessage, TokenId
 from sarathi.entrypoints.openai.refusals import TOKENIZE
 from sarathi.entrypoints.openai.request_checks import check_model, encode_chat, parse_request
 from sarathi.entrypoints.openai.server_state import ServerState
+from sarathi.entrypoints.openai.tool_calls import plan_tools
 
 
 class TokenizeRequest(BaseModel):
@@ -32,6 +34,8 @@ class TokenizeRequest(BaseModel):
     prompt: str | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
     add_generation_prompt: bool = True
+    tools: Any = None
+    tool_choice: Any = None
     add_special_tokens: bool | None = None
     return_token_strs: bool = False
 
@@ -62,7 +66,8 @@ def add_tokenize_routes(app: FastAPI, state: ServerState) -> None:
         tokenizer = _tokenizer(state)
         if req.messages is not None:
             special = bool(req.add_special_tokens)
-            ids = await encode_chat(state, req.messages, req.add_generation_prompt, special)
+            tools = plan_tools(req.tools, req.tool_choice, state.tool_call_parser, True)
+            ids = await encode_chat(state, req.messages, req.add_generation_prompt, special, tools)
         else:
             prompt = req.prompt or ""
             state.limits.check_prompt_chars(len(prompt), state.max_model_len, "prompt")

@@ -109,9 +109,10 @@ class ToolPlan:
         """Extra stop strings: a single "auto" call ends the output (the text after it would be dropped)."""
         return (_HERMES_CLOSE,) if self.mode == "auto" and not self.parallel else ()
 
-    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """The output's remaining content (None if nothing is left) and the calls it makes. Output cut
-        off by ``max_tokens`` gives the calls completed before the cut."""
+    def parse(self, text: str, cut: bool = False) -> tuple[str | None, list[ToolCall]]:
+        """The output's remaining content (None if nothing is left) and the calls it makes. Output
+        ``cut`` off by ``max_tokens`` gives the calls completed before the cut, and an "auto" call cut
+        midway is dropped from the content (streaming sent it as a call, not as text)."""
         if self.mode == "named":
             return None, [ToolCall(self.named, text)]
         if self.mode == "required":
@@ -124,7 +125,12 @@ class ToolPlan:
                 calls = [ToolCall(name, arguments) for name, arguments in complete_calls(text)]
                 return (None, calls) if calls else (text, [])
             return None, calls
-        content, calls = _parse_hermes(text)
+        if cut and (start := text.rfind("<tool_call>")) != -1 and _HERMES_CLOSE not in text[start:]:
+            content, calls = _parse_hermes(text[:start])
+            if not calls:
+                content = text[:start].strip() or None
+        else:
+            content, calls = _parse_hermes(text)
         return content, calls if self.parallel else calls[:1]
 
     def _function(self, name: str | None) -> ToolFunction:
