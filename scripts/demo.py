@@ -10,8 +10,10 @@ keeps decodes going. Prints the table and writes summary.json, CSVs and plots to
 Everything is calibrated to the machine from its latency profile (measured once, about a minute and a
 half on 2 cores, then cached; see ``sarathi/simulator/demo_plan.py``): the SLO is the paper's strict one
 (5x this machine's one-sequence decode iteration), the token budget is what ``--token-budget auto``
-chooses for it on the demo's requests, and the load is 65% of sarathi's simulated capacity with that
-budget. The demo prints each with its reason, and the simulator's prediction of the table, before it runs.
+chooses for it on the demo's requests, and the load is the lowest fraction of sarathi's simulated capacity
+with that budget at which prompts really overlap decodes (a prefill-first scheduler's simulated P99 TBT
+reaches 3x the SLO). The demo prints each with its reason, and the simulator's prediction of the table,
+before it runs.
 
 The Figure 7 demo that ``make demo`` ran before is ``scripts/figure7.py``.
 """
@@ -37,7 +39,12 @@ def main() -> int:
     parser.add_argument("--max-total-tokens", type=int, default=d.max_total_tokens)
     parser.add_argument("--num-requests", type=int, default=d.num_requests)
     parser.add_argument("--qps", type=float, default=None, help="default: --load x simulated capacity")
-    parser.add_argument("--load", type=float, default=d.load_fraction, help="fraction of sarathi's capacity")
+    parser.add_argument(
+        "--load",
+        type=float,
+        default=None,
+        help="fraction of sarathi's simulated capacity (default: the lowest where prompts overlap decodes)",
+    )
     parser.add_argument("--token-budget", default="auto", help="'auto' (default) or a number of tokens")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--dtype", default=d.dtype)
@@ -48,7 +55,8 @@ def main() -> int:
         length_scale=args.length_scale,
         max_total_tokens=args.max_total_tokens,
         num_requests=args.num_requests,
-        load_fraction=args.load,
+        load_fractions=d.load_fractions if args.load is None else (args.load,),
+        stall_multiple=d.stall_multiple if args.load is None else 0.0,
         seed=args.seed,
         dtype=args.dtype,
     )
@@ -103,13 +111,13 @@ def calibrate(settings: DemoSettings, token_budget: int | None):
         machine_label,
         profile_error_label,
     )
-    from sarathi.simulator.demo_plan import plan_from_choice, simulate_demo
+    from sarathi.simulator.demo_plan import DEMO_SEARCH, plan_from_choice, simulate_demo
     from sarathi.simulator.machine_profile import machine_latency_model, machine_profile_path
 
     config = settings.engine_config()
     model = machine_latency_model(config)  # profiles once, with a progress bar
     if token_budget is None:
-        choice = auto_budget_choice(config, progress=False, workload=settings.workload())
+        choice = auto_budget_choice(config, progress=False, workload=settings.workload(), search=DEMO_SEARCH)
     else:
         slo, reason = default_tbt_slo(model)
         choice = choose_token_budget(
@@ -121,9 +129,10 @@ def calibrate(settings: DemoSettings, token_budget: int | None):
             budgets=[token_budget],
             profile=str(machine_profile_path(config)),
             machine=machine_label(model.metadata),
+            search=DEMO_SEARCH,
         )
         choice = dataclasses.replace(choice, profile_error=profile_error_label(model.metadata))
-    plan = plan_from_choice(settings, choice)
+    plan = plan_from_choice(settings, choice, model)
     print(plan.describe(), file=sys.stderr)
     predicted = simulate_demo(plan, model)
     rows = ", ".join(f"{name} {s['tbt_p99'] * 1e3:.0f} ms" for name, s in predicted.items())

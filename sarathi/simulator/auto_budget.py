@@ -34,7 +34,8 @@ DEFAULT_SLO_MULTIPLE = STRICT_MULTIPLE
 DECODE_CONTEXT = 256
 CHUNKING_SCHEDULERS = ("sarathi", "simple_chunking")
 _CHOICE_VERSION = 3
-_SEARCH = SearchSettings(qps_start=0.25, qps_min=0.01, qps_max=1e4, rel_tol=0.15, max_probes=6)
+# Coarse (capacity within ~30%), so a first start simulates for seconds; enough to rank budgets.
+AUTO_SEARCH = SearchSettings(qps_start=0.25, qps_min=0.01, qps_max=1e4, rel_tol=0.15, max_probes=6)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ def choose_token_budget(
     budgets=None,
     profile: str = "",
     machine: str = "",
+    search: SearchSettings = AUTO_SEARCH,
 ) -> BudgetChoice:
     """Simulate ``config``'s scheduler on ``workload`` for every budget and choose one (see ``tune``)."""
     from sarathi.simulator.tune_cli import tune_config
@@ -109,7 +111,7 @@ def choose_token_budget(
         Slo(f"{tbt_slo * 1e3:g}ms", tbt_slo),
         budgets or AUTO_BUDGETS,
         [config.scheduler.max_num_seqs],
-        settings=_SEARCH,
+        settings=search,
     )
     return BudgetChoice(
         token_budget=result.best.token_budget,
@@ -140,6 +142,7 @@ def auto_budget_choice(
     tbt_slo: float | None = None,
     progress: bool = True,
     workload: WorkloadConfig | None = None,
+    search: SearchSettings = AUTO_SEARCH,
 ) -> BudgetChoice:
     """The cached choice for ``config`` and ``tbt_slo`` (None: the default SLO), made (and cached) when
     there is none; printed unless ``progress`` is False. Profiles the machine once if it has no profile."""
@@ -157,12 +160,12 @@ def auto_budget_choice(
     else:
         reason = "--tbt-slo"
     workload = workload or AUTO_WORKLOAD
-    cache = _choice_path(path, config, tbt_slo, workload)
+    cache = _choice_path(path, config, tbt_slo, workload, search)
     choice = _load_choice(cache)
     if choice is None:
         machine = machine_label(model.metadata) if isinstance(model, MeasuredLatencyModel) else "unknown"
         choice = choose_token_budget(
-            config, model, tbt_slo, reason, workload, profile=str(path), machine=machine
+            config, model, tbt_slo, reason, workload, profile=str(path), machine=machine, search=search
         )
         choice = dataclasses.replace(choice, profile_error=profile_error_label(model.metadata))
         _save_choice(cache, choice)
@@ -205,7 +208,9 @@ def choice_cache_dir() -> Path:
     return cache_root() / "latency-profiles" / "budget-choices"
 
 
-def _choice_path(profile: Path, config: EngineConfig, tbt_slo: float, workload: WorkloadConfig) -> Path:
+def _choice_path(
+    profile: Path, config: EngineConfig, tbt_slo: float, workload: WorkloadConfig, search: SearchSettings
+) -> Path:
     s, c = config.scheduler, config.cache
     key = {
         "version": _CHOICE_VERSION,
@@ -219,6 +224,7 @@ def _choice_path(profile: Path, config: EngineConfig, tbt_slo: float, workload: 
         "max_model_len": config.model.max_model_len,
         "workload": dataclasses.asdict(workload),
         "budgets": list(AUTO_BUDGETS),
+        "search": dataclasses.asdict(search),
         "seed": config.model.seed,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -37,7 +37,7 @@ def test_the_calibrated_budget_meets_the_strict_slo(calibrated):
     assert text.startswith("machine: ") and "held-out error" in text
     assert f"SLO: P99 TBT <= {plan.choice.tbt_slo_s * 1e3:.0f} ms (default: 5x" in text
     assert f"token budget: {plan.choice.token_budget} (chosen as --token-budget auto does" in text
-    assert f"load: {plan.qps:g} QPS = 65% of sarathi's simulated capacity" in text
+    assert f"load: {plan.qps:g} QPS = {plan.load_fraction:.0%} of sarathi's simulated capacity" in text
 
 
 def test_sarathi_separates_from_vllm_at_the_calibrated_load(calibrated):
