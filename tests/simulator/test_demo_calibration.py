@@ -59,3 +59,30 @@ def test_the_demo_fits_in_five_minutes_with_its_profile(calibrated):
     profile_s = predicted_profile_seconds(model, max_model_len=8192)
     assert profile_s <= 150.0
     assert predicted_wall_seconds(runs, profile_s) <= DEMO_BOUND_S
+
+
+def test_the_demo_script_prints_its_choices_and_runs_bench_with_them(tmp_path, monkeypatch, capsys):
+    import importlib.util
+    import sys
+
+    from sarathi.simulator import auto_budget, machine_profile
+
+    kept = PROFILES[0]
+    monkeypatch.setenv(machine_profile.PROFILE_ENV, str(kept))
+    monkeypatch.setattr(auto_budget, "choice_cache_dir", lambda: tmp_path)
+    spec = importlib.util.spec_from_file_location(
+        "demo_script", Path(__file__).parents[2] / "scripts" / "demo.py"
+    )
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    argv = []
+    monkeypatch.setattr(demo, "sarathi_main", lambda a: argv.extend(a) or 0)
+    monkeypatch.setattr(sys, "argv", ["demo.py"])
+    assert demo.main() == 0
+    err = capsys.readouterr().err
+    plan = plan_demo(DemoSettings(), MeasuredLatencyModel.load(kept))
+    assert argv[:1] == ["bench"]
+    assert argv[argv.index("--token-budget") + 1] == str(plan.choice.token_budget)
+    assert float(argv[argv.index("--qps") + 1]) == plan.qps
+    for line in ("machine: ", "SLO: P99 TBT <= ", "token budget: ", "load: ", "predicted P99 TBT"):
+        assert line in err
