@@ -1,6 +1,7 @@
 """Schema fuzzing of the live API from its own /openapi.json (schemathesis): valid and invalid bodies for
-both create endpoints. No 5xx, every 4xx has the OpenAI error shape, and the server answers a greedy
-request exactly as before."""
+both create endpoints. No 5xx, every 4xx has the OpenAI error shape, every response conforms to what
+/openapi.json documents (status, media type, body schema), and the server answers a greedy request exactly
+as before."""
 
 from __future__ import annotations
 
@@ -10,10 +11,22 @@ import pytest
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
+from schemathesis.checks import (  # noqa: E402
+    content_type_conformance,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from tests.server.conftest import ServerProcess  # noqa: E402
 
 ENDPOINTS = ["/v1/completions", "/v1/chat/completions"]
+CONFORMANCE = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
 GREEDY = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
 
 
@@ -35,6 +48,8 @@ def _fuzz(srv: ServerProcess, path: str, mode: GenerationMode, examples: int) ->
         r = case.call(base_url=srv.url, timeout=120)
         statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
         assert r.status_code < 500, (case.body, r.text)
+        # Every status, media type and body is one /openapi.json documents for this route.
+        case.validate_response(r, checks=CONFORMANCE)
         if r.status_code >= 400:
             body = r.json()
             assert set(body) == {"error"}, body

@@ -140,7 +140,7 @@ class AccessCheck:
             host = _host_name(headers.get("host", ""))
             if host not in policy.allowed_hosts:
                 return APIError(f"the Host header {host!r} is not allowed", 400, code="invalid_host")
-        if not (path.startswith("/v1/") or path in _GUARDED_PATHS) or method == "OPTIONS":
+        if not needs_api_key(path) or method == "OPTIONS":
             return None
         if policy.api_key is not None:
             expected = f"Bearer {policy.api_key}".encode()
@@ -157,6 +157,11 @@ class AccessCheck:
                 code="unsupported_media_type",
             )
         return None
+
+
+def needs_api_key(path: str) -> bool:
+    """Whether ``path`` is behind the API key and the Content-Type check (the rest is health and metrics)."""
+    return path.startswith("/v1/") or path in _GUARDED_PATHS
 
 
 def _host_name(header: str) -> str:
