@@ -1,6 +1,6 @@
 """Edges of the HTTP surface through a live ``sarathi serve``: the tokenizer routes behind the API key and
 the Content-Type check, /health's JSON body, 405 with Allow, and /openapi.json documenting every error
-response with the body the server really sends."""
+response with the body the server really sends, and tool schema errors naming their tool."""
 
 from __future__ import annotations
 
@@ -82,3 +82,16 @@ def test_openapi_documents_the_error_responses(keyed_server):
         assert {"400", "401", "404", "413", "415", "500"} <= set(spec["paths"][path]["post"]["responses"])
     assert "503" in spec["paths"]["/health"]["get"]["responses"]
     assert "401" not in spec["paths"]["/health"]["get"]["responses"]
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "broken"}}])
+def test_a_tool_schema_that_does_not_compile_names_its_tool(keyed_server, error_schema, tool_choice):
+    broken = {"type": "object", "properties": {"a": {"type": "no-such-type"}}}
+    tools = [
+        {"type": "function", "function": {"name": "fine", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "broken", "parameters": broken}},
+    ]
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": tools, "tool_choice": tool_choice}
+    r = httpx.post(f"{keyed_server.url}/v1/chat/completions", json=body, headers=AUTH, timeout=60)
+    error = _assert_error(r, 400, error_schema)
+    assert error["param"] == "tools.1.function.parameters", error

@@ -57,6 +57,7 @@ from sarathi.entrypoints.openai.response_formats import (
 from sarathi.entrypoints.openai.responses_api import add_responses_routes
 from sarathi.entrypoints.openai.responses_protocol import ResponsesRequest
 from sarathi.entrypoints.openai.server_state import ServerState
+from sarathi.entrypoints.openai.structured_requests import bounded, check_constraints
 from sarathi.entrypoints.openai.tokenize_api import DetokenizeRequest, TokenizeRequest, add_tokenize_routes
 from sarathi.entrypoints.openai.tool_calls import plan_tools
 
@@ -171,6 +172,9 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
             state.enable_auto_tool_choice,
             parallel=req.parallel_tool_calls is not False,
         )
+        if tools is not None:  # each enforced tool's schema alone first, so that an error names its tool
+            schemas = [bounded(c, state.constraint_limits) for c in tools.parameter_constraints()]
+            await check_constraints(state.constraints, schemas)
         prompt_ids = await encode_chat(state, req.messages, req.add_generation_prompt, tools=tools)
         params = sampling_params_for(state, req, len(prompt_ids), req.requested_max_tokens, "messages", tools)
         show_prompt_logprobs = req.prompt_logprobs is not None

@@ -20,6 +20,7 @@ ends at the first ``</tool_call>``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import uuid
@@ -104,6 +105,18 @@ class ToolPlan:
                 array["maxItems"] = 1
             return StructuredOutput.json_schema(array)
         return None
+
+    def parameter_constraints(self) -> list[StructuredOutput]:
+        """The parameter schema of each function the output is constrained to, named by its field
+        (``tools.<i>.function.parameters``): checked one by one, a schema that does not compile is an
+        error naming its tool, not the whole ``tools``."""
+        return [
+            dataclasses.replace(
+                StructuredOutput.json_schema(f.parameters), source=f"tools.{i}.function.parameters"
+            )
+            for i, f in enumerate(self.functions)
+            if self.mode == "required" or (self.mode == "named" and f.name == self.named)
+        ]
 
     def stop_strings(self) -> tuple[str, ...]:
         """Extra stop strings: a single "auto" call ends the output (the text after it would be dropped)."""
