@@ -53,3 +53,26 @@ def test_tokenize_bad_input(server, path, body, param):
 def test_bad_json_on_tokenize(server):
     r = httpx.post(f"{server.url}/tokenize", content=b"{", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["message"]
+
+
+def test_tokenize_with_tools_counts_the_tool_prompt(server, openai_client, model_name):
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    with_tools = post_body(f"{server.url}/tokenize", {"messages": MESSAGES, "tools": tools}).json()
+    chat = openai_client.chat.completions.create(
+        model=model_name, messages=MESSAGES, tools=tools, max_tokens=1
+    )
+    assert with_tools["count"] == chat.usage.prompt_tokens
+    plain = post_body(f"{server.url}/tokenize", {"messages": MESSAGES}).json()
+    assert with_tools["count"] > plain["count"]
+    body = {"messages": MESSAGES, "tools": tools, "tool_choice": "none"}
+    hidden = post_body(f"{server.url}/tokenize", body)
+    assert hidden.json()["count"] == plain["count"]
+
+
+def test_model_by_id(server, model_name):
+    card = httpx.get(f"{server.url}/v1/models/{model_name}", timeout=10).json()
+    assert card["id"] == model_name and card["object"] == "model"
+    missing = httpx.get(f"{server.url}/v1/models/nope", timeout=10)
+    assert missing.status_code == 404
+    error = missing.json()["error"]
+    assert error["code"] == "model_not_found" and error["param"] == "model"

@@ -46,8 +46,8 @@ def add_responses_routes(app: FastAPI, state: ServerState) -> None:
             )
             prompt_ids = await encode_chat(state, req.messages(), tools=plan)
             params = sampling_params_for(state, req, len(prompt_ids), req.max_output_tokens, "input", plan)
-        response_id = f"resp_{uuid.uuid4().hex}"
-        stream = await submit(state, response_id, prompt_ids, params, None)
+            response_id = f"resp_{uuid.uuid4().hex}"
+            stream = await submit(state, response_id, prompt_ids, params, None)  # compiles text.format
         state.metrics.observe_request_params(params)
         fmt = ResponseFormat(response_id, int(time.time()), state.model_name, req.echoed(), plan)
         if req.stream:
