@@ -60,6 +60,7 @@ from sarathi.entrypoints.openai.server_state import ServerState
 from sarathi.entrypoints.openai.structured_requests import bounded, check_constraints
 from sarathi.entrypoints.openai.tokenize_api import DetokenizeRequest, TokenizeRequest, add_tokenize_routes
 from sarathi.entrypoints.openai.tool_calls import plan_tools
+from sarathi.entrypoints.openai.work_bounds import check_jobs_fit, num_batch_prompts
 
 __all__ = ["ServerState", "create_app"]
 
@@ -69,6 +70,8 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
+        if state.tokenizer is not None:  # the id -> text table of log probabilities, off the event loop
+            await asyncio.to_thread(lambda: state.tokenizer.token_texts)
         if state.constraints is not None:
             await state.constraints.start()  # the helper loads the tokenizer before the first request
         yield
@@ -151,7 +154,13 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
 
     @app.post("/v1/completions")
     async def completions(raw: Request) -> Response:
-        req = await parse_request(state, raw, CompletionRequest, refusals.COMPLETIONS)
+        req = await parse_request(
+            state,
+            raw,
+            CompletionRequest,
+            refusals.COMPLETIONS,
+            lambda body: state.limits.check_batch_prompts(num_batch_prompts(body.get("prompt"))),
+        )
         check_model(state, req.model)
         jobs = []
         for prompt in req.prompts():
@@ -195,6 +204,7 @@ async def _respond(
 ) -> Response:
     """Run every prompt's sequences (``n`` / ``best_of`` each) as engine requests and answer with one
     choice per returned sequence, prompt by prompt."""
+    check_jobs_fit(jobs, state.client.ready.num_kv_blocks, state.client.ready.block_size)
     request_id = f"{fmt.id_prefix}-{uuid.uuid4().hex}"
     choices = fan_out(jobs)
     ids = [request_id] if len(choices) == 1 else [f"{request_id}-{i}" for i in range(len(choices))]
@@ -241,6 +251,10 @@ async def _respond(
     kept = pick_best(jobs, choices, results)
     prompts_of_kept = [k for k, job in enumerate(jobs) for _ in range(job.params.n)]
     kept = [_with_echo(jobs[k], r) for k, r in zip(prompts_of_kept, kept, strict=True)]
+    if any(r.logprobs or r.prompt_logprobs for r in kept):
+        # Thousands of scored tokens take a while to shape and encode: a worker thread, so the event loop
+        # (other streams, /health) gets the GIL back every switch interval meanwhile.
+        return await asyncio.to_thread(lambda: JSONResponse(fmt.final(request_id, created, kept)))
     return JSONResponse(fmt.final(request_id, created, kept))
 
 
@@ -300,7 +314,10 @@ async def _stream_events(
             if first[index]:
                 item = echoed_delta(jobs[choices[index].prompt], item)
             # One chunk per generated token, even when its text is held back (a partial character).
-            chunk = fmt.chunk(request_id, created, item, first[index], index)
+            if item.prompt_logprobs or (item.new_logprobs and len(item.new_logprobs) > 1):  # an echoed prompt
+                chunk = await asyncio.to_thread(fmt.chunk, request_id, created, item, first[index], index)
+            else:
+                chunk = fmt.chunk(request_id, created, item, first[index], index)
             num_output[index] = item.num_output_tokens
             if choices[index].first_of_prompt:
                 cached[index] = item.num_cached_tokens

@@ -11,6 +11,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 
 from sarathi.entrypoints.openai.protocol import APIError
+from sarathi.entrypoints.openai.work_bounds import WorkLimits
 
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 # Text prompts are tokenized off the event loop, but a bound keeps one request from holding a worker
@@ -24,7 +25,7 @@ _GUARDED_PATHS = ("/tokenize", "/detokenize")
 
 
 @dataclass(frozen=True)
-class RequestLimits:
+class RequestLimits(WorkLimits):
     """Bounds on one request; ``max_prompt_chars`` None means ``PROMPT_CHARS_PER_TOKEN`` x max_model_len."""
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -34,6 +35,7 @@ class RequestLimits:
     max_logprobs: int = MAX_LOGPROBS
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0 <= self.max_logprobs <= MAX_LOGPROBS:
             raise ValueError(f"--max-logprobs must be in [0, {MAX_LOGPROBS}], got {self.max_logprobs}")
         for name in ("max_body_bytes", "max_prompt_chars", "max_stop_strings", "max_stop_string_chars"):

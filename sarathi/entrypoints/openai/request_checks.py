@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import Request
@@ -27,9 +28,14 @@ from sarathi.sampling_params import SamplingParams
 
 
 async def parse_request(
-    state: ServerState, raw: Request, model: type[BaseModel], refusals: tuple[Refusal, ...] = ()
+    state: ServerState,
+    raw: Request,
+    model: type[BaseModel],
+    refusals: tuple[Refusal, ...] = (),
+    size_check: Callable[[dict], None] | None = None,
 ) -> Any:
-    """The body as ``model``; then its own checks and the ``refusals`` of fields we do not honour."""
+    """The body as ``model``; then its own checks and the ``refusals`` of fields we do not honour.
+    ``size_check`` sees the raw JSON object first, so an oversized list is refused before validation."""
     data = await read_body(raw, state.limits.max_body_bytes)
     try:
         body = json.loads(data)
@@ -39,6 +45,8 @@ async def parse_request(
         raise APIError("the request body is nested too deeply") from e
     if not isinstance(body, dict):
         raise APIError("the request body must be a JSON object")
+    if size_check is not None:
+        size_check(body)
     try:
         json.dumps(body, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as e:
@@ -137,6 +145,7 @@ def sampling_params_for(
             param="max_tokens",
             code="context_length_exceeded",
         )
+    state.limits.check_choices(req.n, req.best_of)
     state.limits.check_stop(req.stop_strings())
     logprobs_param = "top_logprobs" if isinstance(req, ChatCompletionRequest) else "logprobs"
     state.limits.check_logprobs(req.num_logprobs(), logprobs_param)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from sarathi.entrypoints.openai.choices import ChoiceResult
 from sarathi.entrypoints.openai.tool_calls import ToolCall, ToolPlan
 from sarathi.entrypoints.openai.tool_stream import ToolCallStream
@@ -70,7 +72,7 @@ class CompletionFormat:
         if logprobs is None:
             return None
         tokens = [self._text(lp.token_id) for lp in logprobs]
-        offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+        offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0)) if tokens else []
         return {
             "tokens": tokens,
             "token_logprobs": [lp.logprob for lp in logprobs],
@@ -84,6 +86,9 @@ class CompletionFormat:
     def _text(self, token_id: int) -> str:
         if self.tokenizer is None:
             return f"token_id:{token_id}"
+        texts = self.tokenizer.token_texts
+        if 0 <= token_id < len(texts):
+            return texts[token_id]
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def _envelope(self, rid: str, created: int, obj: str, choices: list) -> dict:

@@ -23,6 +23,7 @@ from sarathi.entrypoints.openai.guards import (
     RequestLimits,
 )
 from sarathi.entrypoints.openai.tool_calls import TOOL_CALL_PARSERS, choose_tool_parser
+from sarathi.entrypoints.openai.work_bounds import DEFAULT_MAX_BATCH_PROMPTS, DEFAULT_MAX_N
 from sarathi.structured_output import StructuredOutputLimits
 
 _CONSTRAINT_FLAG_HELP = {
@@ -88,6 +89,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     guard.add_argument(
         "--max-logprobs", type=int, default=MAX_LOGPROBS, help="alternatives per token a request may ask for"
     )
+    guard.add_argument("--max-n", type=int, default=DEFAULT_MAX_N, help="n and best_of a request may ask for")
+    guard.add_argument(
+        "--max-batch-prompts", type=int, default=DEFAULT_MAX_BATCH_PROMPTS, help="prompts in one batch"
+    )
+    guard.add_argument(
+        "--max-detokenize-tokens", type=int, default=None, help="ids /detokenize takes (default: context)"
+    )
     so = p.add_argument_group("structured outputs (bounds checked before compiling; over one: HTTP 400)")
     defaults = StructuredOutputLimits()
     for f in fields(StructuredOutputLimits):
@@ -147,6 +155,9 @@ def run(args: argparse.Namespace) -> int:
             max_stop_strings=args.max_stop_strings,
             max_stop_string_chars=args.max_stop_string_chars,
             max_logprobs=args.max_logprobs,
+            max_n=args.max_n,
+            max_batch_prompts=args.max_batch_prompts,
+            max_detokenize_tokens=args.max_detokenize_tokens,
         )
         constraint_limits = StructuredOutputLimits(
             **{f.name: getattr(args, f.name) for f in fields(StructuredOutputLimits)}

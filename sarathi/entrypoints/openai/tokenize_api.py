@@ -82,7 +82,7 @@ def add_tokenize_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/detokenize")
     async def detokenize(raw: Request) -> dict:
-        req = await parse_request(state, raw, DetokenizeRequest)
+        req = await parse_request(state, raw, DetokenizeRequest, size_check=_detokenize_size_check(state))
         check_model(state, req.model)
         tokenizer = _tokenizer(state)
         vocab = state.client.ready.vocab_size
@@ -90,6 +90,14 @@ def add_tokenize_routes(app: FastAPI, state: ServerState) -> None:
             raise APIError(f"tokens: token ids must be in [0, {vocab}), got {bad[:5]}", param="tokens")
         text = await asyncio.to_thread(tokenizer.decode, req.tokens, False)
         return {"prompt": text}
+
+
+def _detokenize_size_check(state: ServerState):
+    def check(body: dict) -> None:
+        if isinstance(tokens := body.get("tokens"), list):
+            state.limits.check_detokenize(len(tokens), state.max_model_len)
+
+    return check
 
 
 def _tokenizer(state: ServerState):
