@@ -26,6 +26,9 @@ def _run_script(tmp_path, parallel: str) -> str:
     # The sarathi under test, wherever it is imported from.
     root = os.path.dirname(os.path.dirname(os.path.abspath(sarathi.__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    # One intra-op thread, as each of the two workers has on 2 cores: two OpenMP threads of one process
+    # on a loaded machine spin at every barrier (8 tokens took 70 s instead of 1.3 s beside other jobs).
+    env["OMP_NUM_THREADS"] = "1"
     done = subprocess.run(
         [sys.executable, str(path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
