@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import httpx
 import openai
@@ -236,3 +237,29 @@ def test_metrics_count_prefix_cache_hits(openai_client, model_name, server):
     )
     hits = after["sarathi_prefix_cache_hits_total"] - before.get("sarathi_prefix_cache_hits_total", 0)
     assert queries > 32 and hits >= 16 and hits % 16 == 0 and hits < queries
+
+
+def test_cached_tokens_count_prefix_cache_hits(strict_client, model_name):
+    """A repeated long prompt reads its full blocks from the prefix cache; a new one reads none."""
+    marker = uuid.uuid4().hex  # first, so nothing of this prompt was cached before
+    long = [{"role": "system", "content": f"{marker} " + "The sea is calm tonight. " * 40}]
+    first = strict_client.chat.completions.create(model=model_name, messages=long, max_tokens=1)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    again = strict_client.chat.completions.create(model=model_name, messages=long, max_tokens=1)
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < again.usage.prompt_tokens and cached % 16 == 0  # whole blocks
+    chunks = list(
+        strict_client.chat.completions.create(
+            model=model_name, messages=long, max_tokens=1, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == cached
+    prompt = f"{uuid.uuid4().hex} " + "Once upon a time " * 40
+    new = strict_client.completions.create(model=model_name, prompt=prompt, max_tokens=1)
+    assert new.usage.prompt_tokens_details.cached_tokens == 0
+    repeated = strict_client.completions.create(model=model_name, prompt=prompt, max_tokens=1)
+    assert repeated.usage.prompt_tokens_details.cached_tokens > 0
+    response = strict_client.responses.create(
+        model=model_name, instructions=long[0]["content"], input="Hi", max_output_tokens=1
+    )
+    assert response.usage.input_tokens_details.cached_tokens >= cached - 16  # the same system message

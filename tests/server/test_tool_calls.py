@@ -13,7 +13,6 @@ import pytest
 
 from sarathi.entrypoints.openai.tool_calls import ToolFunction, ToolPlan
 from sarathi.entrypoints.openai.tool_stream import ToolCallStream
-from tests.server.conftest import ServerProcess
 
 WEATHER = {
     "type": "object",
@@ -104,16 +103,8 @@ def test_streamed_tool_calls_come_token_by_token(openai_client, model_name):
         ]
 
 
-@pytest.fixture(scope="module")
-def auto_server():
-    srv = ServerProcess("--num-kv-blocks", "512", "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
-    yield srv
-    srv.stop()
-
-
-def test_auto_streaming_matches_the_whole_response(auto_server):
-    client = openai.OpenAI(base_url=f"{auto_server.url}/v1", api_key="unused", max_retries=0, timeout=300)
-    model = client.models.list().data[0].id
+def test_auto_streaming_matches_the_whole_response(openai_client, model_name):
+    client, model = openai_client, model_name  # "auto" works on a default server
     # SmolLM2-135M does not write Hermes calls by itself: a regex makes it write content, then a call.
     forced = (
         r"Let me check\.\n<tool_call>\n"
@@ -194,7 +185,6 @@ def test_a_conversation_with_earlier_calls_renders(openai_client, model_name):
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [
-        ({"tool_choice": "auto"}, "tool_choice"),  # this server has no --enable-auto-tool-choice
         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
         ({"tool_choice": "sometimes"}, "tool_choice"),
         ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools.0.function.name"),
@@ -212,6 +202,66 @@ def test_hermes_parser():
     text = 'Let me check.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n'
     text += '<tool_call>{"name": "g"'
     content, calls = plan.parse(text)
-    assert content == 'Let me check.\n\n<tool_call>{"name": "g"'  # the cut call stays text
+    assert content == 'Let me check.\n\n<tool_call>{"name": "g"'  # not cut off: a broken call stays text
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {"a": 1})]
+    content, calls = plan.parse(text, cut=True)  # cut off by max_tokens: the unfinished call is dropped
+    assert content == "Let me check." and [c.name for c in calls] == ["f"]
     assert plan.parse("no calls here") == ("no calls here", [])
+
+
+TWO_CALLS = (
+    r'<tool_call>\n\{"name": "get_time", "arguments": \{"zone": "[A-Z]{3}"\}\}\n</tool_call>\n'
+    r'<tool_call>\n\{"name": "get_weather", "arguments": '
+    r'\{"city": "Rome", "unit": "celsius"\}\}\n</tool_call>'
+)
+MANY = [
+    {"role": "user", "content": "What is the weather and time in Paris, London and Rome? Call the tools."}
+]
+
+
+def test_tools_alone_work_on_a_default_server(openai_client, model_name):
+    r = openai_client.chat.completions.create(model=model_name, messages=MESSAGES, tools=TOOLS, max_tokens=8)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    forced = openai_client.chat.completions.create(
+        model=model_name, messages=MANY, tools=TOOLS, max_tokens=80, extra_body={"guided_regex": TWO_CALLS}
+    ).choices[0]
+    assert forced.finish_reason == "tool_calls" and forced.message.content is None
+    assert [t.function.name for t in forced.message.tool_calls] == ["get_time", "get_weather"]
+    _check_calls(forced.message.tool_calls)
+
+
+def test_parallel_tool_calls_false_gives_exactly_one_call(openai_client, model_name):
+    base = {"model": model_name, "messages": MANY, "tools": TOOLS, "max_tokens": 80}
+    # "required" at seed 0 writes many calls; the grammar then allows exactly one.
+    many = openai_client.chat.completions.create(tool_choice="required", temperature=1.0, seed=0, **base)
+    assert len(many.choices[0].message.tool_calls) > 1
+    one = openai_client.chat.completions.create(
+        tool_choice="required", temperature=1.0, seed=0, parallel_tool_calls=False, **base
+    ).choices[0]
+    assert one.finish_reason == "tool_calls" and len(one.message.tool_calls) == 1
+    _check_calls(one.message.tool_calls)
+    # "auto": the output ends after the first call, streamed or not.
+    kwargs = {**base, "parallel_tool_calls": False, "extra_body": {"guided_regex": TWO_CALLS}}
+    auto = openai_client.chat.completions.create(**kwargs).choices[0]
+    assert auto.finish_reason == "tool_calls"
+    assert [t.function.name for t in auto.message.tool_calls] == ["get_time"]
+    kwargs.pop("model")
+    chunks, _, calls = _streamed(openai_client, model_name, **kwargs)
+    assert [c["name"] for c in calls.values()] == ["get_time"]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_a_truncated_answer_returns_its_complete_calls(openai_client, model_name):
+    base = {"messages": MANY, "tools": TOOLS, "tool_choice": "required", "temperature": 1.0, "seed": 0}
+    chunks, _, streamed = _streamed(openai_client, model_name, max_tokens=80, **base)
+    assert len(streamed) >= 2, streamed
+    # One chunk per token: the token that completes the second call's name (same seed: the same tokens).
+    cut_at = 1 + next(
+        k for k, c in enumerate(chunks) if any(t.index == 1 for t in c.choices[0].delta.tool_calls or ())
+    )
+    cut = openai_client.chat.completions.create(model=model_name, max_tokens=cut_at, **base).choices[0]
+    assert cut.finish_reason == "length" and cut.message.content is None
+    first = streamed[0]
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in cut.message.tool_calls] == [
+        (first["name"], json.loads(first["arguments"]))
+    ]
