@@ -176,3 +176,28 @@ def test_unsupported_fields_are_a_400_naming_them(server, model_name, extra, par
     r = httpx.post(f"{server.url}/v1/responses", json=body, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.json()
+
+
+def test_input_items_become_chat_messages():
+    from sarathi.entrypoints.openai.responses_protocol import ResponsesRequest
+
+    call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Rome"}'}
+    req = ResponsesRequest.model_validate(
+        {
+            "instructions": "Be brief.",
+            "input": [
+                {"role": "developer", "content": "Use tools."},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]},
+                {"role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+                call,
+                {**call, "call_id": "c2"},
+                {"type": "function_call_output", "call_id": "c1", "output": "Sunny"},
+            ],
+        }
+    )
+    req.check_supported()
+    messages = req.messages()
+    assert [m.role for m in messages] == ["system", "system", "user", "assistant", "tool"]
+    assert messages[2].content == QUESTION and messages[3].content == "Checking."
+    assert [c["id"] for c in messages[3].tool_calls] == ["c1", "c2"]  # one assistant turn, both calls
+    assert messages[4].tool_call_id == "c1" and messages[4].content == "Sunny"

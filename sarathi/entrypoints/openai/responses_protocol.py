@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic import Field
+from pydantic import PrivateAttr
 
 from sarathi.entrypoints.openai.protocol import APIError, ChatMessage, _SamplingRequest
 
@@ -35,9 +35,9 @@ class ResponsesRequest(_SamplingRequest):
     text: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
-    # Read into the chat shapes by check_supported (a body's own ``response_format`` is refused).
-    chat_tools: list[dict] | None = Field(default=None, exclude=True)
-    chat_tool_choice: Any = Field(default=None, exclude=True)
+    # The chat shapes of tools and tool_choice, set by check_supported (not request fields).
+    _chat_tools: list[dict] | None = PrivateAttr(default=None)
+    _chat_tool_choice: Any = PrivateAttr(default=None)
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -45,9 +45,20 @@ class ResponsesRequest(_SamplingRequest):
             raise APIError("input: the input is empty", param="input", code="empty_prompt")
         if isinstance(self.input, list) and not self.input:
             raise APIError("input: the input has no items", param="input", code="empty_prompt")
+        # text.format as response_format (a body's own response_format is refused by the table).
         self.response_format = _response_format(self.text)
-        self.chat_tools = _chat_tools(self.tools)
-        self.chat_tool_choice = _chat_tool_choice(self.tool_choice)
+        self._chat_tools = _chat_tools(self.tools)
+        self._chat_tool_choice = _chat_tool_choice(self.tool_choice)
+
+    @property
+    def chat_tools(self) -> list[dict] | None:
+        """``tools`` in chat's shape."""
+        return self._chat_tools
+
+    @property
+    def chat_tool_choice(self) -> Any:
+        """``tool_choice`` in chat's shape."""
+        return self._chat_tool_choice
 
     def messages(self) -> list[ChatMessage]:
         """``instructions`` and ``input`` as chat messages; APIError naming the item otherwise."""
