@@ -31,6 +31,9 @@ ERROR_RESPONSE_SCHEMA = {
         }
     },
 }
+# One server-sent event of a stream (before OpenAPI 3.2 the schema of an event stream is that of each event):
+# its data is a JSON chunk or error object, and "[DONE]" last.
+_SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
 _ERROR_DESCRIPTIONS = {
     400: "Invalid request (the error names the field in param), or a Host not in --allowed-hosts",
     401: "Missing or wrong API key (--api-key)",
@@ -80,7 +83,7 @@ def document_request_bodies(app: FastAPI, bodies: dict[str, type[BaseModel]]) ->
                 }
                 if "stream" in model.model_fields:
                     ok = operation["responses"]["200"].setdefault("content", {})
-                    ok["text/event-stream"] = {"schema": {"type": "string"}}
+                    ok["text/event-stream"] = {"schema": _SSE_EVENT}
             components["ErrorResponse"] = ERROR_RESPONSE_SCHEMA
             for path, operations in schema["paths"].items():
                 for method, operation in operations.items():
