@@ -88,8 +88,6 @@ def to_grammar(constraint: StructuredOutput) -> str:
     return LLMatcher.grammar_from_lark(lark)
 
 
-
-
 # --- bounds ------------------------------------------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ requests, iteration stats and a queue/cache snapshot.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
@@ -138,6 +139,10 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
                 eos_token_ids=engine.eos_token_ids,
             )
         )
+        # The start-up heap (torch, the model, the tokenizer) never becomes garbage: out of the collector's
+        # sight, the first full collection no longer stalls every running stream (~150 ms, once).
+        gc.collect()
+        gc.freeze()
         EngineCore(engine, inputs, outputs, max_waiting).run()
     except Exception as e:
         traceback.print_exc()

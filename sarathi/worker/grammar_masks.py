@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import threading
 
 import torch
@@ -43,9 +44,13 @@ class GrammarMasks:
         self.tokenizer_dir = tokenizer_dir
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
-        self._tokenizer = None  # built on first use (~0.3 s for a 49k vocabulary)
+        self._tokenizer = None  # ~0.3 s for a 49k vocabulary, built in the background from the start
         self._tokenizer_lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        if tokenizer_dir is not None:
+            # llguidance holds the GIL while it builds its tokenizer (~0.2 s): built on the first constraint,
+            # that stalled every running stream once; built now, it overlaps the engine's start-up instead.
+            self._executor().submit(self._warm_tokenizer)
         self._pristine: collections.OrderedDict[_Key, concurrent.futures.Future] = collections.OrderedDict()
         self._preparing: dict[str, _Key] = {}  # request id -> its constraint, until the request is added
         self._matchers: dict[str, object] = {}
@@ -161,6 +166,10 @@ class GrammarMasks:
             matcher = self._matchers.get(request_id)
             if matcher is not None and token.token_id is not None:
                 matcher.consume_token(token.token_id)
+
+    def _warm_tokenizer(self) -> None:
+        with contextlib.suppress(ConstraintError):  # no tokenizer.json: each constraint reports it
+            self._llg_tokenizer()
 
     def _llg_tokenizer(self):
         with self._tokenizer_lock:

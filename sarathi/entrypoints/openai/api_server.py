@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -39,6 +40,7 @@ from sarathi.entrypoints.openai.engine_requests import (
     submit,
 )
 from sarathi.entrypoints.openai.guards import AccessPolicy, install_access_policy
+from sarathi.entrypoints.openai.json_pieces import PiecewiseJSONResponse
 from sarathi.entrypoints.openai.openapi_docs import document_request_bodies
 from sarathi.entrypoints.openai.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from sarathi.entrypoints.openai.request_checks import (
@@ -74,6 +76,8 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
             await asyncio.to_thread(lambda: state.tokenizer.token_texts)
         if state.constraints is not None:
             await state.constraints.start()  # the helper loads the tokenizer before the first request
+        gc.collect()  # the start-up heap out of the collector's sight, as in the engine core
+        gc.freeze()
         yield
         # Runs once uvicorn has drained (or given up on) in-flight requests.
         if state.constraints is not None:
@@ -252,9 +256,9 @@ async def _respond(
     prompts_of_kept = [k for k, job in enumerate(jobs) for _ in range(job.params.n)]
     kept = [_with_echo(jobs[k], r) for k, r in zip(prompts_of_kept, kept, strict=True)]
     if any(r.logprobs or r.prompt_logprobs for r in kept):
-        # Thousands of scored tokens take a while to shape and encode: a worker thread, so the event loop
-        # (other streams, /health) gets the GIL back every switch interval meanwhile.
-        return await asyncio.to_thread(lambda: JSONResponse(fmt.final(request_id, created, kept)))
+        # Thousands of scored tokens take a while to shape and encode: a worker thread, encoding in small
+        # pieces, so the event loop (other streams, /health) gets the GIL back every switch interval.
+        return await asyncio.to_thread(lambda: PiecewiseJSONResponse(fmt.final(request_id, created, kept)))
     return JSONResponse(fmt.final(request_id, created, kept))
 
 
