@@ -147,9 +147,18 @@ def test_a_heavy_constraint_compiles_without_stalling_other_streams_or_health(se
 def lenient_server():
     """Bounds raised far past the defaults, and a short compile timeout."""
     srv = ServerProcess(
-        "--num-kv-blocks", "512", "--dtype", "float32",
-        "--max-grammar-chars", "10000000", "--max-grammar-rules", "1000000",
-        "--max-choices", "1000000", "--structured-output-compile-timeout", "2",
+        "--num-kv-blocks",
+        "512",
+        "--dtype",
+        "float32",
+        "--max-grammar-chars",
+        "10000000",
+        "--max-grammar-rules",
+        "1000000",
+        "--max-choices",
+        "1000000",
+        "--structured-output-compile-timeout",
+        "2",
     )
     yield srv
     srv.stop()
