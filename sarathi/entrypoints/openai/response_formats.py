@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 from sarathi.entrypoints.openai.choices import ChoiceResult
 from sarathi.entrypoints.openai.tool_calls import ToolCall, ToolPlan
@@ -52,7 +53,9 @@ class CompletionFormat:
         """vLLM's shape: per prompt token (None for the first), ``{token id: {logprob, rank,
         decoded_token}}`` for the token itself and its most likely alternatives."""
         out: list[dict | None] = []
-        for lp in logprobs:
+        for i, lp in enumerate(logprobs):
+            if i % 32 == 31:
+                time.sleep(0)  # offers the GIL to the event loop (this runs in a worker thread)
             if lp is None:
                 out.append(None)
                 continue
