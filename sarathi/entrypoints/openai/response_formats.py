@@ -55,7 +55,7 @@ class CompletionFormat:
         out: list[dict | None] = []
         for i, lp in enumerate(logprobs):
             if i % 32 == 31:
-                time.sleep(0)  # offers the GIL to the event loop (this runs in a worker thread)
+                time.sleep(0)  # offers the GIL: run in a worker thread, the event loop gets it back at once
             if lp is None:
                 out.append(None)
                 continue
