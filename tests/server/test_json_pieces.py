@@ -7,7 +7,8 @@ from fastapi.responses import JSONResponse
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sarathi.entrypoints.openai.json_pieces import render_json
+from sarathi.entrypoints.openai.engine_requests import sse
+from sarathi.entrypoints.openai.json_pieces import render_json, sse_in_pieces
 
 _scalars = (
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
@@ -42,3 +43,8 @@ def test_prompt_logprobs_shaped_body():
 def test_non_finite_numbers_are_refused_as_by_json_response():
     with pytest.raises(ValueError):
         render_json({"x": [float("inf")] * 100})
+
+
+@given(st.dictionaries(st.text(), _json | st.floats(), max_size=4))
+def test_server_sent_event_same_as_sse(payload):
+    assert sse_in_pieces(payload) == sse(payload)

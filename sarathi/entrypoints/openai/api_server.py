@@ -40,7 +40,7 @@ from sarathi.entrypoints.openai.engine_requests import (
     submit,
 )
 from sarathi.entrypoints.openai.guards import AccessPolicy, install_access_policy
-from sarathi.entrypoints.openai.json_pieces import PiecewiseJSONResponse
+from sarathi.entrypoints.openai.json_pieces import PiecewiseJSONResponse, sse_in_pieces
 from sarathi.entrypoints.openai.openapi_docs import document_request_bodies
 from sarathi.entrypoints.openai.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from sarathi.entrypoints.openai.request_checks import (
@@ -318,7 +318,8 @@ async def _stream_events(
             if first[index]:
                 item = echoed_delta(jobs[choices[index].prompt], item)
             # One chunk per generated token, even when its text is held back (a partial character).
-            if item.prompt_logprobs or (item.new_logprobs and len(item.new_logprobs) > 1):  # an echoed prompt
+            big = bool(item.prompt_logprobs or (item.new_logprobs and len(item.new_logprobs) > 1))  # echo
+            if big:
                 chunk = await asyncio.to_thread(fmt.chunk, request_id, created, item, first[index], index)
             else:
                 chunk = fmt.chunk(request_id, created, item, first[index], index)
@@ -328,7 +329,7 @@ async def _stream_events(
             if req.continuous_usage:
                 chunk["usage"] = usage(prompt_lens[index], item.num_output_tokens, item.num_cached_tokens)
             first[index] = False
-            yield sse(chunk)
+            yield (await asyncio.to_thread(sse_in_pieces, chunk)) if big else sse(chunk)
             finished += item.finished
         if finished == len(streams) and req.include_usage:
             num_prompt = sum(len(job.prompt_ids) for job in jobs)
