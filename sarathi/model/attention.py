@@ -4,12 +4,15 @@ A batch is a flat sequence of tokens with no padding. Each entry of the batch (a
 decode-like step (one token) or a prefill chunk (several tokens). All one-token entries are attended together
 as one padded group; each multi-token chunk is attended on its own with a causal mask aligned to the end of
 its keys.
+
+Sliding-window layers use `AttentionMetadata.windowed(W)`: the same batch where each query sees only the W
+latest keys (itself included), and prefill chunks read only the blocks their window reaches.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -31,15 +34,35 @@ class PrefillAttention:
     token_start: int
     token_end: int
     context_len: int  # keys after writing the chunk: start + num_tokens
-    block_table: torch.Tensor  # LongTensor[ceil(context_len / block_size)]
-    # bool[num_tokens, context_len], True where visible (query i sees keys <= start + i).
-    # None when the chunk starts at position 0: plain causal attention over the chunk's own keys.
+    # blocks holding keys [first_key, context_len): LongTensor[ceil((context_len - first_key) / block_size)]
+    block_table: torch.Tensor
+    # bool[num_tokens, context_len - first_key], True where visible (query i sees keys <= start + i, and
+    # within a window the W latest). None for plain causal attention over the chunk's own keys.
     mask: torch.Tensor | None
+    first_key: int = 0  # position of the first key read (a block boundary; > 0 only under a window)
 
     @property
     def num_tokens(self) -> int:
         """Query rows of this chunk."""
         return self.token_end - self.token_start
+
+    @property
+    def reads_cache(self) -> bool:
+        """Whether earlier keys exist: the chunk reads its keys from the cache, not only its own new ones."""
+        return self.context_len > self.num_tokens
+
+    def windowed(self, window: int, block_size: int) -> PrefillAttention:
+        """This chunk where query i sees only keys (start + i - window, start + i]."""
+        start = self.context_len - self.num_tokens
+        first_block = max(0, start - window + 1) // block_size
+        first_key = first_block * block_size
+        if not self.reads_cache and self.num_tokens <= window:
+            return self  # causal over its own keys already fits the window
+        device = self.block_table.device
+        queries = torch.arange(start, self.context_len, device=device)[:, None]
+        keys = torch.arange(first_key, self.context_len, device=device)[None, :]
+        mask = (keys <= queries) & (keys > queries - window)
+        return replace(self, block_table=self.block_table[first_block:], mask=mask, first_key=first_key)
 
 
 @dataclass(frozen=True)
@@ -50,6 +73,7 @@ class DecodeAttention:
     block_tables: torch.Tensor  # LongTensor[B, max_blocks], padded with block 0 (masked out)
     context_lens: torch.Tensor  # LongTensor[B]: keys per row (start + 1)
     attn_bias: torch.Tensor  # float32[B, 1, max_blocks * block_size]: 0 where visible, -inf elsewhere
+    window: int = 0  # > 0: each row sees only its `window` latest keys
 
     @property
     def num_seqs(self) -> int:
@@ -71,6 +95,17 @@ class AttentionMetadata:
     def num_tokens(self) -> int:
         """Tokens in the flattened batch."""
         return self.positions.numel()
+
+    def windowed(self, window: int) -> AttentionMetadata:
+        """The same batch for a sliding-window layer: every query sees only its `window` latest keys."""
+        prefills = tuple(p.windowed(window, self.block_size) for p in self.prefills)
+        decode = self.decode
+        if decode is not None:
+            key_pos = torch.arange(decode.attn_bias.shape[-1], device=decode.attn_bias.device)[None, :]
+            too_old = key_pos < (decode.context_lens - window)[:, None]
+            bias = decode.attn_bias.masked_fill(too_old[:, None, :], float("-inf"))
+            decode = replace(decode, attn_bias=bias, window=window)
+        return replace(self, prefills=prefills, decode=decode)
 
 
 def build_attention_metadata(

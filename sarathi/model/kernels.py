@@ -102,9 +102,13 @@ def decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
-    """q [B, heads, d] over each row's first `context_lens[b]` cached keys: float32 [B, heads * d]."""
-    return torch.ops.sarathi_kernels.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+    """q [B, heads, d] over each row's first `context_lens[b]` cached keys (with `window` > 0, only the last
+    `window` of them): float32 [B, heads * d]."""
+    return torch.ops.sarathi_kernels.decode_attention(
+        q, k_cache, v_cache, block_tables, context_lens, scale, window
+    )
 
 
 def silu_mul_bf16(gate_up: torch.Tensor) -> torch.Tensor:

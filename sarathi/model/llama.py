@@ -1,4 +1,8 @@
-"""The Llama-family decoder (Llama, Qwen2, Mistral without sliding window) over a paged KV cache.
+"""The decoder of every supported family (Llama, Qwen2, Qwen3, Mistral, Gemma 3 text) over a paged KV cache.
+
+One file generalised rather than one per family: they share the block structure and the paged attention, and
+differ by a few switches of `ModelArchConfig` (QK-norm, Gemma's four norms and GELU-tanh MLP, scaled
+embeddings, sliding-window layers with their own RoPE base), each a line or two here.
 
 Works on a flattened batch: T tokens from any mix of prefill chunks and decodes, no padding between them.
 q/k/v and gate/up projections are fused into one matmul each (fewer, larger calls: per-call overhead
@@ -76,9 +80,20 @@ def _row_parallel_output(y: torch.Tensor, tp: TensorParallelGroup) -> torch.Tens
     return y if tp.size == 1 else tp.all_reduce(y.float())
 
 
+@dataclass(frozen=True)
+class LayerInputs:
+    """What attention of one kind (global or sliding window) reads in a forward: rotation tables, the batch's
+    metadata and cache-read plan."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    meta: AttentionMetadata
+    plan: CacheReadPlan
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention with RoPE over this TP rank's kv-head groups; reads and writes the paged
-    KV cache (which holds only those kv heads)."""
+    KV cache (which holds only those kv heads). With QK-norm, each q and k head is RMS-normalized first."""
 
     def __init__(
         self,
@@ -92,7 +107,12 @@ class Attention(nn.Module):
         q_start, q_end = shard.q_head_range(arch.num_attention_heads, arch.num_key_value_heads)
         kv_start, kv_end = shard.kv_head_range(arch.num_key_value_heads)
         self.num_heads, self.num_kv_heads, self.head_dim = q_end - q_start, kv_end - kv_start, arch.head_dim
-        self.scale, self.tp, self.fused = self.head_dim**-0.5, tp, dtypes.fused(device)
+        self.scale = arch.attention_scale if arch.attention_scale is not None else self.head_dim**-0.5
+        self.tp, self.fused = tp, dtypes.fused(device) and not arch.qk_norm
+        self.q_norm = self.k_norm = None
+        if arch.qk_norm:
+            self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, torch.float32, device)
+            self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, torch.float32, device)
         qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         self.qkv_proj = Linear(arch.hidden_size, qkv_out, arch.attention_bias, *dtypes.linear(device))
         attn_width = self.num_heads * self.head_dim
@@ -100,17 +120,18 @@ class Attention(nn.Module):
         self.o_proj = Linear(attn_width, arch.hidden_size, o_bias, *dtypes.linear(device))
 
     def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        meta: AttentionMetadata,
-        plan: CacheReadPlan,
-        kv: tuple[torch.Tensor, torch.Tensor],
+        self, x: torch.Tensor, inputs: LayerInputs, kv: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
         h, kvh = self.num_heads, self.num_kv_heads
+        cos, sin, meta, plan = inputs.cos, inputs.sin, inputs.meta, inputs.plan
         qkv = self.qkv_proj(x).view(x.shape[0], h + 2 * kvh, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(qkv[:, :h]), self.k_norm(qkv[:, h : h + kvh])
+            q, k = apply_rope(q, cos, sin, ATTENTION_DTYPE), apply_rope(k, cos, sin, ATTENTION_DTYPE)
+            v = qkv[:, h + kvh :].to(ATTENTION_DTYPE)
+            out = paged_attention(q, k, v, kv[0], kv[1], meta, plan, self.scale)
+            return _row_parallel_output(self.o_proj(out), self.tp)
         if self.fused and qkv.dtype == torch.float32 and kernels.rope_kernel_serves(self.head_dim, kv[0]):
             # only a prefill chunk starting at 0 attends to its own k, v rather than the cache
             own_kv = any(rows is None for rows in plan.prefill_rows)
@@ -124,8 +145,9 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)), over this TP rank's intermediate columns (the
-    product is taken in gate/up's output dtype, float32 from the bf16 kernel, and down rounds it to bf16)."""
+    """Gated feed-forward: down(act(gate(x)) * up(x)) with SiLU (SwiGLU) or GELU-tanh (Gemma), over this TP
+    rank's intermediate columns (the product is taken in gate/up's output dtype, float32 from the bf16
+    kernel, and down rounds it to bf16)."""
 
     def __init__(
         self,
@@ -138,7 +160,8 @@ class MLP(nn.Module):
         super().__init__()
         start, end = shard.column_range(arch.intermediate_size)
         width, hidden = end - start, arch.hidden_size
-        self.tp, self.fused = tp, dtypes.fused(device)
+        self.tp, self.gelu = tp, arch.hidden_act == "gelu_pytorch_tanh"
+        self.fused = dtypes.fused(device) and not self.gelu
         self.gate_up_proj = Linear(hidden, 2 * width, arch.mlp_bias, *dtypes.linear(device))
         down_bias = arch.mlp_bias and shard.tp_rank == 0  # added once to the sum over TP ranks
         self.down_proj = Linear(width, hidden, down_bias, *dtypes.linear(device))
@@ -149,11 +172,13 @@ class MLP(nn.Module):
         if self.fused and gate_up.dtype == torch.float32:
             return _row_parallel_output(self.down_proj(kernels.silu_mul_bf16(gate_up)), self.tp)
         gate, up = gate_up.chunk(2, dim=-1)
-        return _row_parallel_output(self.down_proj(F.silu(gate) * up), self.tp)
+        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return _row_parallel_output(self.down_proj(act * up), self.tp)
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm transformer block: attention then MLP, each with a residual connection."""
+    """Pre-norm transformer block: attention then MLP, each with a residual connection (Gemma: each output
+    normalized again before it is added, "sandwich" norms)."""
 
     def __init__(
         self,
@@ -168,24 +193,30 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(arch, dtypes, device, shard, tp)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtypes.compute, device)
         self.mlp = MLP(arch, dtypes, device, shard, tp)
-        self.fused, self.eps = dtypes.fused(device), arch.rms_norm_eps
+        self.sandwich = arch.sandwich_norms
+        if self.sandwich:  # post_attention_layernorm then normalizes attention's output (float32, to add)
+            self.post_attention_layernorm.out_dtype = torch.float32
+            self.pre_feedforward_layernorm = RMSNorm(
+                arch.hidden_size, arch.rms_norm_eps, dtypes.compute, device
+            )
+            self.post_feedforward_layernorm = RMSNorm(
+                arch.hidden_size, arch.rms_norm_eps, torch.float32, device
+            )
+        self.fused, self.eps = dtypes.fused(device) and not self.sandwich, arch.rms_norm_eps
 
     def forward(
-        self,
-        h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        meta: AttentionMetadata,
-        plan: CacheReadPlan,
-        kv: tuple[torch.Tensor, torch.Tensor],
+        self, h: torch.Tensor, inputs: LayerInputs, kv: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
         """h [T, hidden] float32 -> [T, hidden] float32 (fused: updated in place and returned)."""
         if self.fused:  # the residual adds happen in place, inside the norms' single pass
             x = kernels.add_rms_norm_bf16(h, None, self.input_layernorm.weight, self.eps)
-            attn = self.self_attn(x, cos, sin, meta, plan, kv)
+            attn = self.self_attn(x, inputs, kv)
             x = kernels.add_rms_norm_bf16(h, attn, self.post_attention_layernorm.weight, self.eps)
             return h.add_(self.mlp(x))
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, meta, plan, kv)
+        if self.sandwich:
+            h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), inputs, kv))
+            return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        h = h + self.self_attn(self.input_layernorm(h), inputs, kv)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -226,6 +257,7 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(
             DecoderLayer(arch, dtypes, device, shard, tp) for _ in range(self.first_layer, end_layer)
         )
+        self.sliding = [arch.is_sliding(i) for i in range(self.first_layer, end_layer)]
         self.norm: RMSNorm | None = None
         self.lm_head: Linear | None = None
         if shard.is_last_stage:
@@ -235,6 +267,11 @@ class LlamaForCausalLM(nn.Module):
                 self.lm_head.weight = self.embed_tokens.weight
         inv_freq = rope_inv_freq(arch.head_dim, arch.rope_theta, arch.rope_scaling)
         self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
+        local_theta = arch.local_rope_theta if arch.local_rope_theta is not None else arch.rope_theta
+        local_inv_freq = (
+            inv_freq if arch.local_rope_theta is None else rope_inv_freq(arch.head_dim, local_theta)
+        )
+        self.register_buffer("local_inv_freq", local_inv_freq.to(device), persistent=False)
         self._workspace = GatherWorkspace()
 
     @torch.inference_mode()
@@ -260,18 +297,34 @@ class LlamaForCausalLM(nn.Module):
             # The residual stream stays float32 in every model dtype: in bf16 this cuts SmolLM2's (30 layers)
             # relative logits error vs fp32 from 2.1e-2 to 1.2e-2, for elementwise adds on [T, hidden].
             h = self.embed_tokens(input_ids).float()
+            if self.arch.embedding_scale != 1.0:
+                h = h * self.arch.embedding_scale
         elif hidden_states is None:
             raise ValueError(f"pipeline stage {self.shard.pp_rank} needs the previous stage's hidden_states")
         else:
             h = hidden_states.clone()  # layers may update the residual stream in place
-        cos, sin = rope_cos_sin(positions, self.inv_freq)
-        plan = plan_cache_reads(metadata, kv_caches[0][0], self._workspace, ATTENTION_DTYPE)
-        for layer, kv in zip(self.layers, kv_caches, strict=True):
-            h = layer(h, cos, sin, metadata, plan, kv)
+        global_inputs = local_inputs = None
+        if not all(self.sliding):
+            global_inputs = self._layer_inputs(positions, self.inv_freq, metadata, kv_caches)
+        if any(self.sliding):
+            local_meta = metadata.windowed(self.arch.sliding_window)
+            local_inputs = self._layer_inputs(positions, self.local_inv_freq, local_meta, kv_caches)
+        for layer, kv, sliding in zip(self.layers, kv_caches, self.sliding, strict=True):
+            h = layer(h, local_inputs if sliding else global_inputs, kv)
         if self.lm_head is None:
             return h
         h = self.norm(h.index_select(0, logits_indices))
-        return self.lm_head(h).float()
+        logits = self.lm_head(h).float()
+        cap = self.arch.final_logit_softcapping
+        return logits if not cap else torch.tanh(logits / cap) * cap
+
+    def _layer_inputs(
+        self, positions: torch.Tensor, inv_freq: torch.Tensor, meta: AttentionMetadata, kv_caches: KVCache
+    ) -> LayerInputs:
+        cos, sin = rope_cos_sin(positions, inv_freq)
+        return LayerInputs(
+            cos, sin, meta, plan_cache_reads(meta, kv_caches[0][0], self._workspace, ATTENTION_DTYPE)
+        )
 
     def hf_weight_sources(self) -> dict[str, list[TensorPart]]:
         """For each parameter to load: the parts of HF checkpoint tensors concatenated (dim 0) to form it."""
@@ -298,7 +351,12 @@ class LlamaForCausalLM(nn.Module):
                 sources[f"{ours}{name}.weight"] = self._linear_parts(hf, name, "weight")
                 if bias:
                     sources[f"{ours}{name}.bias"] = self._linear_parts(hf, name, "bias")
-            for norm in ("input_layernorm", "post_attention_layernorm"):
+            norms = ["input_layernorm", "post_attention_layernorm"]
+            if arch.sandwich_norms:
+                norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+            if arch.qk_norm:
+                norms += ["self_attn.q_norm", "self_attn.k_norm"]
+            for norm in norms:
                 sources[f"{ours}{norm}.weight"] = [TensorPart(f"{hf}{norm}.weight")]
         return sources
 
@@ -332,6 +390,8 @@ class LlamaForCausalLM(nn.Module):
         for name, parts in self.hf_weight_sources().items():
             param = params[name]
             tensor = torch.cat([fetch(p) for p in parts]) if len(parts) > 1 else fetch(parts[0])
+            if "norm" in name and self.arch.norm_weight_offset:  # Gemma's checkpoints store scale - 1
+                tensor = tensor.float() + self.arch.norm_weight_offset
             if tensor.shape != param.shape:
                 raise ValueError(
                     f"tensor {' + '.join(map(str, parts))} has shape {tuple(tensor.shape)}, "

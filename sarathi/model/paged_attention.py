@@ -48,6 +48,7 @@ class CacheReadPlan:
     decode_tables: torch.Tensor | None  # LongTensor[B, max_blocks], for the kernel
     decode_lens: torch.Tensor | None  # LongTensor[B]
     prefill_rows: tuple[torch.Tensor | None, ...]  # per prefill chunk, ordered (head, block); None if start 0
+    decode_window: int  # > 0: decodes see only their `decode_window` latest keys
     k_buffer: torch.Tensor  # flat, in the cache dtype, large enough for the biggest gather of this batch
     v_buffer: torch.Tensor
     k_upcast: torch.Tensor | None  # same size in the compute dtype, when the cache holds a narrower one
@@ -69,7 +70,7 @@ def plan_cache_reads(
         decode_rows = (tables[:, None, :] + head_offsets[None, :, None]).reshape(-1)
         decode_bias = meta.decode.attn_bias.repeat_interleave(kv_heads, dim=0)
     prefill_rows = tuple(
-        None if p.mask is None else (p.block_table[None, :] + head_offsets[:, None]).reshape(-1)
+        (p.block_table[None, :] + head_offsets[:, None]).reshape(-1) if p.reads_cache else None
         for p in meta.prefills
     )
     most_rows = max([r.numel() for r in (decode_rows, *prefill_rows) if r is not None], default=0)
@@ -85,6 +86,7 @@ def plan_cache_reads(
         decode_tables,
         decode_lens,
         prefill_rows,
+        meta.decode.window if meta.decode is not None else 0,
         k_buffer,
         v_buffer,
         k_upcast,
@@ -174,8 +176,9 @@ def _chunk_attention(
         keys, values = k[rows_of_chunk].transpose(0, 1), v[rows_of_chunk].transpose(0, 1)
     else:
         kv_heads = k_cache.shape[0]
-        keys = _read_rows(k_cache, rows, kv_heads, plan.k_buffer, plan.k_upcast)[:, : p.context_len]
-        values = _read_rows(v_cache, rows, kv_heads, plan.v_buffer, plan.v_upcast)[:, : p.context_len]
+        num_keys = p.context_len - p.first_key
+        keys = _read_rows(k_cache, rows, kv_heads, plan.k_buffer, plan.k_upcast)[:, :num_keys]
+        values = _read_rows(v_cache, rows, kv_heads, plan.v_buffer, plan.v_upcast)[:, :num_keys]
     return prefill_attention(q[rows_of_chunk], keys, values, p.mask, scale)
 
 
@@ -210,7 +213,9 @@ def decode_attention(
     needed; softmax is in float32. On the target CPU this is ~4x faster than SDPA in bf16 and on par in fp32.
     """
     if plan.decode_in_place:
-        return kernels.decode_attention(q, k_cache, v_cache, plan.decode_tables, plan.decode_lens, scale)
+        return kernels.decode_attention(
+            q, k_cache, v_cache, plan.decode_tables, plan.decode_lens, scale, plan.decode_window
+        )
     batch, heads, d = q.shape
     kv_heads = k_cache.shape[0]
     groups = batch * kv_heads

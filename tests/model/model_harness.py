@@ -51,7 +51,51 @@ SMALL_QWEN2: dict[str, Any] = {
     "rope_theta": 1000000.0,
     "tie_word_embeddings": False,
 }
-_HF_CLASSES = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM}
+SMALL_QWEN3: dict[str, Any] = {
+    "model_type": "qwen3",
+    "vocab_size": 300,
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": False,
+}
+# Gemma 3 at a small window, so that 100-token prompts in chunks of 1-64 cross it; one kv head as in the
+# 270M model, a query_pre_attn_scalar unlike head_dim, and final logit soft-capping exercised.
+SMALL_GEMMA3: dict[str, Any] = {
+    "model_type": "gemma3_text",
+    "vocab_size": 320,
+    "hidden_size": 96,
+    "intermediate_size": 192,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "query_pre_attn_scalar": 24,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    "sliding_window": 16,
+    "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+    "rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    },
+    "final_logit_softcapping": 30.0,
+    "tie_word_embeddings": True,
+}
+SMALL_MISTRAL_SLIDING: dict[str, Any] = {**SMALL_LLAMA, "model_type": "mistral", "sliding_window": 16}
+_HF_CLASSES = {
+    "llama": transformers.LlamaForCausalLM,
+    "qwen2": transformers.Qwen2ForCausalLM,
+    "qwen3": transformers.Qwen3ForCausalLM,
+    "mistral": transformers.MistralForCausalLM,
+    "gemma3_text": transformers.Gemma3ForCausalLM,
+}
 
 
 def make_random_hf_model(config: dict[str, Any], folder: Path, seed: int = 0) -> torch.nn.Module:

@@ -65,7 +65,7 @@ def test_bf16_linear_uses_the_kernel_with_float32_output():
     assert (y.double() - (x.double() @ w.double().T + b.double())).abs().max() < 1e-4
 
 
-def _reference_attention(q, k_cache, v_cache, tables, lens, scale):
+def _reference_attention(q, k_cache, v_cache, tables, lens, scale, window=0):
     batch, heads, d = q.shape
     kv_heads, _, block_size, _ = k_cache.shape
     rep = heads // kv_heads
@@ -75,6 +75,8 @@ def _reference_attention(q, k_cache, v_cache, tables, lens, scale):
         blocks = tables[b][: -(-n // block_size)]
         k = k_cache[:, blocks].reshape(kv_heads, -1, d)[:, :n].double().repeat_interleave(rep, 0)
         v = v_cache[:, blocks].reshape(kv_heads, -1, d)[:, :n].double().repeat_interleave(rep, 0)
+        if window:
+            k, v = k[:, max(0, n - window) :], v[:, max(0, n - window) :]
         probs = (torch.einsum("hd,hkd->hk", q[b].double(), k) * scale).softmax(-1)
         out[b] = torch.einsum("hk,hkd->hd", probs, v).reshape(-1)
     return out
@@ -90,9 +92,11 @@ def _reference_attention(q, k_cache, v_cache, tables, lens, scale):
         (4, 4, 64, 16, list(range(1, 65))),  # batch 64, every context length 1..64
         (32, 8, 128, 16, [300, 4]),
         (12, 1, 48, 16, [40, 3]),  # generic path: head_dim 48, 12 heads per kv head
+        (4, 1, 256, 16, [1, 300, 17]),  # Gemma 3's shape: head_dim 256, one kv head
     ],
 )
-def test_decode_attention_matches_reference(cache_dtype, heads, kv_heads, head_dim, block_size, lens):
+@pytest.mark.parametrize("window", [0, 16, 37])  # 0: no sliding window
+def test_decode_attention_matches_reference(cache_dtype, heads, kv_heads, head_dim, block_size, lens, window):
     g = torch.Generator().manual_seed(len(lens) * 100 + heads)
     batch, num_blocks = len(lens), 160
     k_cache = (torch.randn(kv_heads, num_blocks, block_size, head_dim, generator=g) * 2).to(cache_dtype)
@@ -101,8 +105,8 @@ def test_decode_attention_matches_reference(cache_dtype, heads, kv_heads, head_d
     tables = torch.stack([torch.randperm(num_blocks, generator=g)[:width] for _ in range(batch)])
     q = torch.randn(batch, heads, head_dim, generator=g)
     lens_t = torch.tensor(lens)
-    out = kernels.decode_attention(q, k_cache, v_cache, tables, lens_t, head_dim**-0.5)
-    ref = _reference_attention(q, k_cache, v_cache, tables, lens_t, head_dim**-0.5)
+    out = kernels.decode_attention(q, k_cache, v_cache, tables, lens_t, head_dim**-0.5, window)
+    ref = _reference_attention(q, k_cache, v_cache, tables, lens_t, head_dim**-0.5, window)
     assert out.dtype == torch.float32 and out.shape == (batch, heads * head_dim)
     assert (out.double() - ref).abs().max() < 1e-5
 

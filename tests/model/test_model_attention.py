@@ -81,6 +81,34 @@ def test_metadata_matches_per_token_definition(batch) -> None:
         assert torch.isneginf(dec.attn_bias[row, 0, s.start + 1 :]).all()
 
 
+@settings(max_examples=60, deadline=None)
+@given(batches(), st.sampled_from([1, 3, 16, 20]))
+def test_windowed_metadata_matches_per_token_definition(batch, window) -> None:
+    """A sliding-window layer's view: query at position p sees keys (p - window, p], and prefill chunks read
+    only the blocks from the one holding their earliest visible key."""
+    slices, bs = batch
+    meta = build_attention_metadata(slices, bs).windowed(window)
+    prefills = [s for s in slices if s.num_tokens > 1]
+    for p, s in zip(meta.prefills, prefills, strict=True):
+        earliest = max(0, s.start - window + 1)
+        assert p.first_key == earliest // bs * bs
+        assert p.block_table.tolist() == s.block_table[p.first_key // bs : -(-p.context_len // bs)]
+        q, k = torch.meshgrid(
+            torch.arange(s.start, p.context_len), torch.arange(p.first_key, p.context_len), indexing="ij"
+        )
+        expected = (k <= q) & (k > q - window)
+        if p.mask is None:  # plain causal over its own keys, which the window does not cut
+            assert s.start == 0 and s.num_tokens <= window
+        else:
+            assert torch.equal(p.mask, expected)
+    decodes = [s for s in slices if s.num_tokens == 1]
+    if decodes:
+        assert meta.decode.window == window
+        for row, s in enumerate(decodes):
+            visible = (meta.decode.attn_bias[row, 0] == 0).nonzero().flatten().tolist()
+            assert visible == list(range(max(0, s.start + 1 - window), s.start + 1))
+
+
 def _row_starts(slices: list[SeqSlice]) -> list[int]:
     starts, row = [], 0
     for s in slices:

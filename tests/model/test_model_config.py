@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 import transformers
-from model_harness import SMALL_LLAMA, SMALL_LLAMA3_SCALED, SMALL_QWEN2
+from model_harness import SMALL_GEMMA3, SMALL_LLAMA, SMALL_LLAMA3_SCALED, SMALL_QWEN2
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from sarathi.model.config import ModelArchConfig, RopeScaling
+from sarathi.model.config import FULL, SLIDING, ModelArchConfig, RopeScaling
 from sarathi.model.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 LLAMA31_HUB_STYLE = {  # transformers 4.x layout, as on the hub for Llama-3.1
@@ -93,13 +93,34 @@ def test_unsupported_settings_raise_clear_errors(change, message) -> None:
         ModelArchConfig.from_hf_config({**SMALL_LLAMA, **change})
 
 
-def test_sliding_window_models_are_refused() -> None:
-    with pytest.raises(ValueError, match="sliding"):
-        ModelArchConfig.from_hf_config({**SMALL_QWEN2, "use_sliding_window": True, "sliding_window": 64})
+def test_sliding_window_configs_mark_their_layers() -> None:
+    qwen2 = ModelArchConfig.from_hf_config(
+        {**SMALL_QWEN2, "use_sliding_window": True, "sliding_window": 64, "max_window_layers": 1}
+    )
+    assert qwen2.sliding_window == 64 and qwen2.layer_types == (FULL, SLIDING, SLIDING)
+    assert not ModelArchConfig.from_hf_config({**SMALL_QWEN2, "sliding_window": 64}).has_sliding_layers
     mistral = {**SMALL_LLAMA, "model_type": "mistral"}
-    with pytest.raises(ValueError, match="sliding_window=64"):
-        ModelArchConfig.from_hf_config({**mistral, "sliding_window": 64})
-    assert ModelArchConfig.from_hf_config({**mistral, "sliding_window": None}).model_type == "mistral"
+    windowed = ModelArchConfig.from_hf_config({**mistral, "sliding_window": 64})
+    assert windowed.is_sliding(0) and windowed.layer_types == (SLIDING,) * 3
+    assert not ModelArchConfig.from_hf_config({**mistral, "sliding_window": None}).has_sliding_layers
+    # a window as long as the context is no window
+    assert not ModelArchConfig.from_hf_config({**mistral, "sliding_window": 512}).has_sliding_layers
+
+
+def test_gemma3_config_reads_both_rope_bases_and_its_layer_pattern() -> None:
+    arch = ModelArchConfig.from_hf_config({**SMALL_GEMMA3, "layer_types": None, "num_hidden_layers": 12})
+    assert [arch.is_sliding(i) for i in range(12)] == [True] * 5 + [False] + [True] * 5 + [False]
+    assert (arch.rope_theta, arch.local_rope_theta) == (1_000_000.0, 10_000.0)
+    assert arch.attention_scale == 24**-0.5 and arch.embedding_scale == 96**0.5
+    assert arch.qk_norm and arch.sandwich_norms and arch.norm_weight_offset == 1.0
+    assert arch.tie_word_embeddings and arch.hidden_act == "gelu_pytorch_tanh"
+    again = ModelArchConfig.from_hf_config(arch.to_hf_config())
+    assert again == arch
+
+
+def test_attention_softcapping_is_refused() -> None:
+    with pytest.raises(ValueError, match="attn_logit_softcapping"):
+        ModelArchConfig.from_hf_config({**SMALL_GEMMA3, "attn_logit_softcapping": 50.0})
 
 
 def test_inv_freq_default_is_the_rope_formula() -> None:

@@ -29,9 +29,12 @@ from pathlib import Path
 import pytest
 import torch
 from model_harness import (
+    SMALL_GEMMA3,
     SMALL_LLAMA,
     SMALL_LLAMA3_SCALED,
+    SMALL_MISTRAL_SLIDING,
     SMALL_QWEN2,
+    SMALL_QWEN3,
     PagedRunner,
     hf_logits,
     load_hf_reference,
@@ -44,16 +47,23 @@ from sarathi.model import embedded_model_path, kernels, load_model
 from sarathi.model.bf16_rounding import bf16_roundings, round_weights_to_bf16
 from sarathi.model.llama import LlamaForCausalLM
 
-RANDOM_CONFIGS = {"llama": SMALL_LLAMA, "llama3": SMALL_LLAMA3_SCALED, "qwen2": SMALL_QWEN2}
-FP32_MAX_ABS = {"llama": 1e-4, "llama3": 1e-4, "qwen2": 1e-4, "smollm2": 3e-4}
+RANDOM_CONFIGS = {
+    "llama": SMALL_LLAMA,
+    "llama3": SMALL_LLAMA3_SCALED,
+    "qwen2": SMALL_QWEN2,
+    "qwen3": SMALL_QWEN3,
+    "gemma3": SMALL_GEMMA3,
+    "mistral-sliding": SMALL_MISTRAL_SLIDING,
+}
+FP32_MAX_ABS = {name: 1e-4 for name in RANDOM_CONFIGS} | {"smollm2": 3e-4}
 BF16_REL = 1e-2
-BF16_MATH_REL = {"llama": 1e-2, "llama3": 1e-2, "qwen2": 1e-2, "smollm2": 1.5e-2}
+BF16_MATH_REL = {name: 1e-2 for name in RANDOM_CONFIGS} | {"smollm2": 1.5e-2}
 BF16_FLOOR_RATIO = 1.3
 # bf16 vs transformers' fp32 model with the same bf16 roundings: fp32 summation-order noise alone on the
 # 2-layer random configs (measured <= 1.8e-5); on SmolLM2's 30 layers that noise moves some K/V values across
 # a bf16 rounding boundary, and each such flip is a 2^-8 step (measured 1.2e-3). Any extra rounding (say keys
 # before RoPE, or bf16 norm weights) shows up as >= 3.2e-3.
-BF16_VS_SIMULATED = {"llama": 1e-4, "llama3": 1e-4, "qwen2": 1e-4, "smollm2": 2.5e-3}
+BF16_VS_SIMULATED = {name: 1e-4 for name in RANDOM_CONFIGS} | {"smollm2": 2.5e-3}
 PROMPT_LEN = 100
 EIFFEL = (
     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named "
@@ -113,7 +123,7 @@ class Case:
             assert err <= bound, f"{self.name} {precision} relative err {err:.3g}"
 
 
-@pytest.fixture(scope="module", params=["llama", "llama3", "qwen2", "smollm2"])
+@pytest.fixture(scope="module", params=[*RANDOM_CONFIGS, "smollm2"])
 def case(request, tmp_path_factory) -> Case:
     name = request.param
     if name == "smollm2":

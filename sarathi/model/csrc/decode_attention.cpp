@@ -75,15 +75,16 @@ void softmax_rows(float* scores, int64_t rows, int64_t context) {
   }
 }
 
-// Calls f(j, row) for each key j < context, row pointing at its head_dim values in this head's blocks.
+// Calls f(j - first, row) for each key first <= j < context, row pointing at its head_dim values in this
+// head's blocks.
 // Blocks sit anywhere in the cache, too short for the hardware prefetcher to find each one in time, so the
 // block kPrefetchAhead places ahead is prefetched while this one is read.
 constexpr int64_t kPrefetchAhead = 4;
 
 template <typename T, typename F>
-inline void for_each_key(const T* head, const T* next_head, const int64_t* table, int64_t context,
+inline void for_each_key(const T* head, const T* next_head, const int64_t* table, int64_t first, int64_t context,
                          int64_t block_size, int64_t d, F&& f) {
-  const int64_t blocks = (context + block_size - 1) / block_size;
+  const int64_t blocks = (context + block_size - 1) / block_size, first_block = first / block_size;
   const int64_t block_bytes = block_size * d * static_cast<int64_t>(sizeof(T));
   auto prefetch = [&](int64_t blk) {
     const char* p = reinterpret_cast<const char*>(head + table[blk] * block_size * d);
@@ -93,12 +94,12 @@ inline void for_each_key(const T* head, const T* next_head, const int64_t* table
       for (int64_t off = 0; off < block_bytes; off += 64) _mm_prefetch(n + off, _MM_HINT_T1);
     }
   };
-  for (int64_t blk = 0; blk < std::min(blocks, kPrefetchAhead); ++blk) prefetch(blk);
-  for (int64_t blk = 0; blk < blocks; ++blk) {
+  for (int64_t blk = first_block; blk < std::min(blocks, first_block + kPrefetchAhead); ++blk) prefetch(blk);
+  for (int64_t blk = first_block; blk < blocks; ++blk) {
     if (blk + kPrefetchAhead < blocks) prefetch(blk + kPrefetchAhead);
-    const T* row = head + table[blk] * block_size * d;
-    const int64_t start = blk * block_size, end = std::min(context, start + block_size);
-    for (int64_t j = start; j < end; ++j, row += d) f(j, row);
+    const int64_t start = std::max(first, blk * block_size), end = std::min(context, (blk + 1) * block_size);
+    const T* row = head + (table[blk] * block_size + start - blk * block_size) * d;
+    for (int64_t j = start; j < end; ++j, row += d) f(j - first, row);
   }
 }
 
@@ -108,16 +109,17 @@ template <typename T, int VECS, int REP>
 void attend_group(
     const float* q,  // [REP, d]
     const T* k_head, const T* v_head,  // this kv head's [num_blocks, block_size, d]
-    const int64_t* table, int64_t context, int64_t block_size, float scale,
-    float* scores,  // scratch [REP, context]
+    const int64_t* table, int64_t first, int64_t context, int64_t block_size, float scale,
+    float* scores,  // scratch [REP, context - first]
     float* out) {  // [REP, d]
   constexpr int64_t d = VECS * kLanes;
+  const int64_t n = context - first;
   __m512 qv[REP][VECS];
 #pragma GCC unroll 16
   for (int h = 0; h < REP; ++h)
 #pragma GCC unroll 16
     for (int i = 0; i < VECS; ++i) qv[h][i] = _mm512_mul_ps(_mm512_loadu_ps(q + h * d + i * kLanes), _mm512_set1_ps(scale));
-  for_each_key(k_head, v_head, table, context, block_size, d, [&](int64_t j, const T* key) {
+  for_each_key(k_head, v_head, table, first, context, block_size, d, [&](int64_t j, const T* key) {
     __m512 kv[VECS];
 #pragma GCC unroll 16
     for (int i = 0; i < VECS; ++i) kv[i] = load16(key + i * kLanes);
@@ -126,22 +128,22 @@ void attend_group(
       __m512 acc = _mm512_mul_ps(qv[h][0], kv[0]);
 #pragma GCC unroll 16
       for (int i = 1; i < VECS; ++i) acc = _mm512_fmadd_ps(qv[h][i], kv[i], acc);
-      scores[h * context + j] = _mm512_reduce_add_ps(acc);
+      scores[h * n + j] = _mm512_reduce_add_ps(acc);
     }
   });
-  softmax_rows(scores, REP, context);
+  softmax_rows(scores, REP, n);
   __m512 acc[REP][VECS];
 #pragma GCC unroll 16
   for (int h = 0; h < REP; ++h)
 #pragma GCC unroll 16
     for (int i = 0; i < VECS; ++i) acc[h][i] = _mm512_setzero_ps();
-  for_each_key(v_head, static_cast<const T*>(nullptr), table, context, block_size, d, [&](int64_t j, const T* value) {
+  for_each_key(v_head, static_cast<const T*>(nullptr), table, first, context, block_size, d, [&](int64_t j, const T* value) {
     __m512 vv[VECS];
 #pragma GCC unroll 16
     for (int i = 0; i < VECS; ++i) vv[i] = load16(value + i * kLanes);
 #pragma GCC unroll 16
     for (int h = 0; h < REP; ++h) {
-      const __m512 p = _mm512_set1_ps(scores[h * context + j]);
+      const __m512 p = _mm512_set1_ps(scores[h * n + j]);
 #pragma GCC unroll 16
       for (int i = 0; i < VECS; ++i) acc[h][i] = _mm512_fmadd_ps(p, vv[i], acc[h][i]);
     }
@@ -156,24 +158,24 @@ void attend_group(
 // at a time.
 template <typename T>
 void attend_group_generic(
-    const float* q, const T* k_head, const T* v_head, const int64_t* table, int64_t context,
+    const float* q, const T* k_head, const T* v_head, const int64_t* table, int64_t first, int64_t context,
     int64_t block_size, int64_t d, int64_t rep, float scale, float* scores, float* out) {
-  const int64_t vecs = d / kLanes;
+  const int64_t vecs = d / kLanes, n = context - first;
   for (int64_t h = 0; h < rep; ++h) {
     const float* qh = q + h * d;
-    float* s = scores + h * context;
-    for_each_key(k_head, v_head, table, context, block_size, d, [&](int64_t j, const T* key) {
+    float* s = scores + h * n;
+    for_each_key(k_head, v_head, table, first, context, block_size, d, [&](int64_t j, const T* key) {
       __m512 acc = _mm512_setzero_ps();
       for (int64_t i = 0; i < vecs; ++i) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + i * kLanes), load16(key + i * kLanes), acc);
       s[j] = _mm512_reduce_add_ps(acc) * scale;
     });
   }
-  softmax_rows(scores, rep, context);
+  softmax_rows(scores, rep, n);
   for (int64_t h = 0; h < rep; ++h) {
-    const float* s = scores + h * context;
+    const float* s = scores + h * n;
     for (int64_t i = 0; i < vecs; ++i) {
       __m512 acc = _mm512_setzero_ps();
-      for_each_key(v_head, static_cast<const T*>(nullptr), table, context, block_size, d, [&](int64_t j, const T* value) {
+      for_each_key(v_head, static_cast<const T*>(nullptr), table, first, context, block_size, d, [&](int64_t j, const T* value) {
         acc = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), load16(value + i * kLanes), acc);
       });
       _mm512_storeu_ps(out + h * d + i * kLanes, acc);
@@ -182,7 +184,8 @@ void attend_group_generic(
 }
 
 template <typename T>
-using GroupFn = void (*)(const float*, const T*, const T*, const int64_t*, int64_t, int64_t, float, float*, float*);
+using GroupFn = void (*)(const float*, const T*, const T*, const int64_t*, int64_t, int64_t, int64_t, float, float*,
+                         float*);
 
 // The compiled (head_dim / 16, group size) pairs: head_dim 64 or 128, 1 to 8 query heads per kv head.
 template <typename T>
@@ -201,7 +204,7 @@ GroupFn<T> specialized(int64_t vecs, int64_t rep) {
 
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& tables,
-         const at::Tensor& lens, double scale, at::Tensor& out) {
+         const at::Tensor& lens, double scale, int64_t window, at::Tensor& out) {
   const int64_t batch = q.size(0), heads = q.size(1), d = q.size(2);
   const int64_t kv_heads = k_cache.size(0), num_blocks = k_cache.size(1), block_size = k_cache.size(2);
   const int64_t rep = heads / kv_heads, max_blocks = tables.size(1);
@@ -218,15 +221,16 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
     std::vector<float> scores;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / kv_heads, g = t % kv_heads, context = lp[b];
-      scores.resize(static_cast<size_t>(rep * context));
+      const int64_t first = window > 0 ? std::max<int64_t>(0, context - window) : 0;
+      scores.resize(static_cast<size_t>(rep * (context - first)));
       const float* qg = qp + (b * heads + g * rep) * d;
       float* og = op + (b * heads + g * rep) * d;
       if (group) {
-        group(qg, kp + g * head_stride, vp + g * head_stride, tp + b * max_blocks, context, block_size, s,
+        group(qg, kp + g * head_stride, vp + g * head_stride, tp + b * max_blocks, first, context, block_size, s,
               scores.data(), og);
       } else {
-        attend_group_generic<T>(qg, kp + g * head_stride, vp + g * head_stride, tp + b * max_blocks, context,
-                                block_size, d, rep, s, scores.data(), og);
+        attend_group_generic<T>(qg, kp + g * head_stride, vp + g * head_stride, tp + b * max_blocks, first,
+                                context, block_size, d, rep, s, scores.data(), og);
       }
     }
   });
@@ -235,9 +239,11 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
 }  // namespace
 
 // q [B, heads, d] (cast to float32), caches [kv_heads, num_blocks, block_size, d] (bf16 or float32),
-// block_tables [B, max_blocks] int64, context_lens [B] int64 (each >= 1) -> float32 [B, heads * d].
+// block_tables [B, max_blocks] int64, context_lens [B] int64 (each >= 1), window (> 0: attend to each row's
+// `window` latest keys only) -> float32 [B, heads * d].
 at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                            const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
+                            const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
+                            int64_t window) {
   TORCH_CHECK(q_in.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
               "decode_attention: q must be [B, heads, d] and the caches [kv_heads, blocks, block_size, d]");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "decode_attention: caches must be contiguous");
@@ -259,10 +265,10 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache, c
   }
   at::Tensor out = at::empty({batch, heads * d}, q.options());
   if (k_cache.scalar_type() == at::kBFloat16) {
-    run<at::BFloat16>(q, k_cache, v_cache, tables, lens, scale, out);
+    run<at::BFloat16>(q, k_cache, v_cache, tables, lens, scale, window, out);
   } else {
     TORCH_CHECK(k_cache.scalar_type() == at::kFloat, "decode_attention: cache must be bf16 or float32");
-    run<float>(q, k_cache, v_cache, tables, lens, scale, out);
+    run<float>(q, k_cache, v_cache, tables, lens, scale, window, out);
   }
   return out;
 }
@@ -271,7 +277,7 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache, c
 
 TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
   lib.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, "
-          "float scale) -> Tensor",
+          "float scale, int window=0) -> Tensor",
           &decode_attention);
 }
 
