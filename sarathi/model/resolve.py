@@ -11,7 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from sarathi.model.config import ModelArchConfig
-from sarathi.model.embedded import embedded_model_path, gguf_tokenizer_dir
+from sarathi.model.embedded import (
+    PACKAGED_MODELS,
+    embedded_model_path,
+    gguf_tokenizer_dir,
+    packaged_model_path,
+)
 from sarathi.model.gguf_loader import GGUFCheckpoint
 from sarathi.model.safetensors_folder import has_tokenizer, read_config
 
@@ -31,12 +36,15 @@ class ResolvedModel:
 def resolve_model(
     model: str | None, load_format: str = "auto", hf_config: dict[str, Any] | None = None
 ) -> ResolvedModel:
-    """model: an HF folder, a .gguf file, or None for the embedded SmolLM2 (or, with load_format 'dummy' and
-    ``hf_config``, no files at all). Raises ValueError / FileNotFoundError naming the problem."""
+    """model: an HF folder, a .gguf file, a packaged model's name (gemma3-270m, smollm2-135m), or None for the
+    embedded SmolLM2 (or, with load_format 'dummy' and ``hf_config``, no files at all). Raises ValueError /
+    FileNotFoundError naming the problem."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load_format {load_format!r} (choose from {', '.join(LOAD_FORMATS)})")
     if model is None and not (load_format == "dummy" and hf_config is not None):
         model = embedded_model_path()
+    elif model in PACKAGED_MODELS and not Path(model).exists():
+        model = packaged_model_path(model)
     path = Path(model) if model is not None else None
     if load_format == "auto":
         load_format = "gguf" if path is not None and path.suffix == ".gguf" else "safetensors"

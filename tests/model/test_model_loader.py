@@ -14,7 +14,13 @@ from safetensors.torch import load_file, save_file
 
 from sarathi.model import ModelArchConfig, embedded_model_path, load_model
 from sarathi.model import embedded as embedded_module
-from sarathi.model.embedded import convert_gguf_to_hf_folder, embedded_gguf_path
+from sarathi.model.embedded import (
+    PACKAGED_MODELS,
+    convert_gguf_to_hf_folder,
+    embedded_gguf_path,
+    gemma3_270m_gguf_path,
+    packaged_model_path,
+)
 from sarathi.model.gguf_loader import GGUFCheckpoint, hf_tensor_name, unpermute_rotary_rows
 from sarathi.model.linear import Linear, fp16_weight_gemm_available
 
@@ -202,20 +208,49 @@ def test_gguf_metadata_gives_smollm2_config() -> None:
     assert arch.tie_word_embeddings and (arch.bos_token_id, arch.eos_token_id) == (1, 2)
 
 
-@pytest.mark.slow  # ~15 s: transformers re-parses the whole GGUF (vocabulary included)
-def test_gguf_weights_equal_transformers_dequantization() -> None:
-    """transformers has its own GGUF reader (name mapping, dequantization and q/k un-permutation)."""
+def test_gguf_metadata_gives_gemma3_config() -> None:
+    arch = GGUFCheckpoint(gemma3_270m_gguf_path()).arch
+    assert arch.model_type == "gemma3_text" and arch.vocab_size == 262144
+    assert (arch.hidden_size, arch.num_hidden_layers, arch.num_attention_heads, arch.num_key_value_heads) == (
+        640,
+        18,
+        4,
+        1,
+    )
+    assert (arch.head_dim, arch.sliding_window, arch.rope_theta, arch.local_rope_theta) == (
+        256,
+        512,
+        1e6,
+        1e4,
+    )
+    assert [arch.is_sliding(i) for i in range(6)] == [True] * 5 + [False]
+    assert (
+        hf_tensor_name("blk.2.ffn_norm.weight", "gemma3") == "model.layers.2.pre_feedforward_layernorm.weight"
+    )
+    assert (
+        hf_tensor_name("blk.2.post_ffw_norm.weight", "gemma3")
+        == "model.layers.2.post_feedforward_layernorm.weight"
+    )
+    assert hf_tensor_name("blk.2.attn_k_norm.weight", "gemma3") == "model.layers.2.self_attn.k_norm.weight"
+
+
+@pytest.mark.slow  # ~15 s (SmolLM2) to ~60 s (Gemma 3): transformers re-parses the whole GGUF
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_gguf_weights_equal_transformers_dequantization(name: str) -> None:
+    """transformers has its own GGUF reader (name mapping, dequantization, q/k un-permutation for Llama, and
+    Gemma's norm scales stored as 1 + weight)."""
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    config = transformers.AutoConfig.from_pretrained(embedded_model_path())
+    path = PACKAGED_MODELS[name].gguf_path()
+    config = transformers.AutoConfig.from_pretrained(packaged_model_path(name))
     with torch.device("meta"):
-        skeleton = transformers.LlamaForCausalLM(config)
-    loaded = load_gguf_checkpoint(str(embedded_gguf_path()), return_tensors=True, model_to_load=skeleton)
+        skeleton = transformers.AutoModelForCausalLM.from_config(config)
+    loaded = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=skeleton)
     theirs = loaded["tensors"]
-    ours = GGUFCheckpoint(embedded_gguf_path())
+    ours = GGUFCheckpoint(path)
     assert sorted(ours.names()) == sorted(theirs)
-    for name in ours.names():
-        assert torch.equal(ours.get(name), torch.as_tensor(theirs[name]).float()), name
+    for tensor in ours.names():
+        assert torch.equal(ours.get(tensor), torch.as_tensor(theirs[tensor]).float()), tensor
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from model_harness import SMALL_LLAMA3_SCALED, PagedRunner
+from model_harness import SMALL_GEMMA3, SMALL_LLAMA3_SCALED, PagedRunner
 from parallel_worker import BLOCK_SIZE, NUM_BLOCKS, make_schedule, run_rank, run_schedule
 from safetensors.torch import save_file
 
@@ -94,6 +94,18 @@ def test_split_errors_name_both_numbers() -> None:
         ShardSpec(tp_size=4).kv_head_range(3)
     with pytest.raises(ValueError, match=r"3 key/value heads across 4 TP ranks"):
         ShardSpec(tp_size=4).q_head_range(9, 3)
+    with pytest.raises(ValueError, match=r"3 query heads per kv head across the 2 TP ranks"):
+        ShardSpec(tp_size=2).q_head_range(3, 1)
+
+
+def test_fewer_kv_heads_than_ranks_are_replicated() -> None:
+    """Gemma 3 270M: 4 query heads over 1 kv head. Each rank keeps the kv head and its share of queries."""
+    shards = [ShardSpec(tp_rank=r, tp_size=2) for r in range(2)]
+    assert [s.kv_head_range(1) for s in shards] == [(0, 1), (0, 1)]
+    assert [s.q_head_range(4, 1) for s in shards] == [(0, 2), (2, 4)]
+    four = [ShardSpec(tp_rank=r, tp_size=4) for r in range(4)]
+    assert [s.kv_head_range(2) for s in four] == [(0, 1), (0, 1), (1, 2), (1, 2)]
+    assert [s.q_head_range(8, 2) for s in four] == [(0, 2), (2, 4), (4, 6), (6, 8)]
     with pytest.raises(ValueError, match=r"2 columns across 3 TP ranks"):
         ShardSpec(tp_size=3).column_range(2)
     with pytest.raises(ValueError, match=r"tp_rank must be in \[0, 2\), got 2"):
@@ -336,6 +348,15 @@ def _check_against_single_process(
 def test_dummy_gqa_uneven_matches_single_process(tp: int, pp: int, tmp_path: Path) -> None:
     kwargs = {"load_format": "dummy", "hf_config": GQA_UNEVEN, "seed": 3}
     _check_against_single_process(tp, pp, None, kwargs, GQA_UNEVEN["vocab_size"], tmp_path / "ranks")
+
+
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+def test_gemma3_sliding_window_matches_single_process(tp: int, pp: int, tmp_path: Path) -> None:
+    """Gemma 3 at window 4 (the schedule's sequences reach 14 tokens): its one kv head replicated on both TP
+    ranks, sliding and global layers split over stages."""
+    _write_random_folder({**SMALL_GEMMA3, "sliding_window": 4}, tmp_path / "model")
+    vocab = SMALL_GEMMA3["vocab_size"]
+    _check_against_single_process(tp, pp, str(tmp_path / "model"), {}, vocab, tmp_path / "ranks")
 
 
 @pytest.mark.parametrize(("tp", "pp"), [(2, 2), (1, 3)], ids=["tp2-pp2", "pp3"])
