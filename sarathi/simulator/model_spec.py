@@ -68,19 +68,23 @@ class ModelSpec:
     # --- loading -----------------------------------------------------------------------------------------
     @classmethod
     def from_hf_config(cls, d: dict[str, Any], name: str) -> ModelSpec:
-        """From an HF ``config.json`` dict: Llama, Mistral, Qwen2 or Falcon (ValueError for others)."""
+        """From an HF ``config.json`` dict: Llama, Mistral, Qwen2/3, Gemma 3 text or Falcon (ValueError for
+        others)."""
         model_type = d.get("model_type")
-        if model_type in ("llama", "mistral", "qwen2"):
+        if model_type in ("llama", "mistral", "qwen2", "qwen3", "gemma3_text"):
             return cls._from_llama_like(d, name, model_type)
         if model_type == "falcon":
             return cls._from_falcon(d, name)
-        raise ValueError(f"no model spec for model_type {model_type!r} (llama, mistral, qwen2, falcon)")
+        raise ValueError(
+            f"no model spec for model_type {model_type!r} (llama, mistral, qwen2, qwen3, gemma3_text, falcon)"
+        )
 
     @classmethod
     def _from_llama_like(cls, d: dict[str, Any], name: str, model_type: str) -> ModelSpec:
         hidden, heads = int(d["hidden_size"]), int(d["num_attention_heads"])
         attention_bias = bool(d.get("attention_bias", False))
         rope = d.get("rope_theta", (d.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+        gemma = model_type == "gemma3_text"
         return cls(
             name=name,
             model_type=model_type,
@@ -92,13 +96,14 @@ class ModelSpec:
             head_dim=int(d.get("head_dim") or hidden // heads),
             vocab_size=int(d["vocab_size"]),
             max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", gemma)),
+            norms_per_layer=4 if gemma else 2,
             qkv_bias=model_type == "qwen2" or attention_bias,
             o_bias=model_type != "qwen2" and attention_bias,
             mlp_bias=bool(d.get("mlp_bias", False)),
             rope_theta=float(rope),
             norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            sliding_window=d.get("sliding_window") if model_type == "mistral" else None,
+            sliding_window=d.get("sliding_window") if model_type in ("mistral", "gemma3_text") else None,
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=_first(d.get("eos_token_id")),
         )

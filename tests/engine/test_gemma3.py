@@ -1,0 +1,149 @@
+"""Gemma 3 270M (the packaged Q4_K_M GGUF, dequantized) served by the engine against transformers.
+
+Prompts are 610-700 tokens, so every sliding layer's 512-token window is crossed, and half of them share a
+400-token prefix, so prefix caching has something to reuse. The reference is transformers' fp32 greedy
+generation on the same dequantized weights, computed once and cached on disk (it is the slow part). Every
+configuration must produce the same 24 tokens per prompt, except after a proven near-tie (the rule of
+test_output_invariance: at the first differing step the two tokens are the reference's top two, closer than
+NEAR_TIE).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+
+import pytest
+import torch
+
+from sarathi import LLM, SamplingParams
+from sarathi.model.embedded import cache_root
+
+MODEL = "gemma3-270m"
+MAX_TOKENS = 24
+NEAR_TIE = 1e-4
+BF16_NEAR_TIE = 0.25  # as for SmolLM2: bf16 moves a logit by ~1e-2 of the logits' scale
+PARAMS = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+# Each budget, caching on and off, and a cache of 88 blocks (1,408 tokens) for 8 prompts of ~650 tokens: two
+# prompts fit, their decodes do not (measured: one preemption).
+CONFIGS = {
+    "budget16-nocache": dict(token_budget=16, enable_prefix_caching=False),
+    "budget64-cache": dict(token_budget=64, enable_prefix_caching=True),
+    "budget512-cache": dict(token_budget=512, enable_prefix_caching=True),
+    "budget64-cache-preempt": dict(token_budget=64, enable_prefix_caching=True, num_kv_blocks=88),
+}
+
+
+@pytest.fixture(scope="module")
+def gemma_path() -> str:
+    from sarathi.model.embedded import packaged_model_path
+
+    return packaged_model_path(MODEL)
+
+
+@pytest.fixture(scope="module")
+def prompts(gemma_path) -> list[list[int]]:
+    return build_prompts(gemma_path)
+
+
+def build_prompts(gemma_path: str) -> list[list[int]]:
+    """8 prompts of 610-694 tokens, odd ones sharing a 400-token prefix."""
+    import argparse
+    import collections
+    import inspect
+    import logging
+    import unittest
+
+    from sarathi.tokenizer import Tokenizer
+
+    text = "\n\n".join(inspect.getdoc(m) or "" for m in (argparse, collections, logging, unittest))
+    tokens = Tokenizer(gemma_path).encode(text)  # starts with <bos>
+    shared = tokens[:400]
+    out = []
+    for i in range(8):
+        n = 610 + 12 * i
+        if i % 2:  # the shared 400-token prefix, then a distinct tail
+            tail = tokens[500 + 37 * i :]
+            out.append(shared + tail[: n - 400])
+        else:
+            out.append([tokens[0], *tokens[1 + 41 * i :][: n - 1]])
+    assert all(len(p) > 600 for p in out) and len(set(map(tuple, out))) == len(out)
+    return out
+
+
+def _hf_model(gemma_path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(gemma_path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def reference(gemma_path, prompts) -> list[list[int]]:
+    """transformers' fp32 greedy tokens, cached on disk by prompts and weights (one computation per
+    machine, ~1 minute)."""
+    weights = (cache_root() / "models" / "gemma-3-270m" / "model.safetensors").stat()
+    key = hashlib.sha256(json.dumps([prompts, MAX_TOKENS, weights.st_size]).encode()).hexdigest()[:16]
+    path = cache_root() / "test-references" / f"gemma3-greedy-{key}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    hf = _hf_model(gemma_path)
+    out = []
+    with torch.inference_mode():
+        for p in prompts:
+            gen = hf.generate(
+                torch.tensor([p]),
+                max_new_tokens=MAX_TOKENS,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+            out.append(gen[0, len(p) :].tolist())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out))
+    return out
+
+
+def _check_same(prompts, expected, got, gemma_path, label: str, near_tie: float = NEAR_TIE) -> int:
+    """Assert equal token ids except after a proven near-tie; returns how many prompts diverged."""
+    diverged, hf = 0, None
+    for i, (prompt, exp, out) in enumerate(zip(prompts, expected, got, strict=True)):
+        assert len(out) == len(exp), f"{label}: prompt {i} produced {len(out)} tokens"
+        diff = next((j for j, (a, b) in enumerate(zip(exp, out, strict=True)) if a != b), None)
+        if diff is None:
+            continue
+        hf = hf or _hf_model(gemma_path)
+        with torch.inference_mode():
+            logits = hf(torch.tensor([prompt + exp[:diff]])).logits[0, -1]
+        top2 = torch.topk(logits, 2)
+        gap = float(top2.values[0] - top2.values[1])
+        assert {exp[diff], out[diff]} == set(top2.indices.tolist()) and gap < near_tie, (
+            f"{label}: prompt {i} differs at step {diff}: expected {exp[diff]}, got {out[diff]}; "
+            f"top-2 {top2.indices.tolist()} gap {gap:.2e} is no near-tie"
+        )
+        warnings.warn(f"{label}: prompt {i} took the other side of a near-tie (gap {gap:.1e})", stacklevel=2)
+        diverged += 1
+    return diverged
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_gemma3_greedy_equals_transformers(name, prompts, reference, gemma_path):
+    config = CONFIGS[name]
+    with LLM(model=MODEL, dtype="float32", scheduler="sarathi", **config) as llm:
+        outs = llm.generate(prompts, PARAMS, use_tqdm=False)
+        stats = list(llm.engine.stats)
+        used_blocks = llm.engine.block_manager.num_used_blocks
+    _check_same(prompts, reference, [o.token_ids for o in outs], gemma_path, name)
+    assert max(s.num_tokens for s in stats) <= config["token_budget"]
+    if config["enable_prefix_caching"]:
+        assert sum(s.prefix_cache_hits for s in stats) >= 3 * 400 - 16
+    if name.endswith("preempt"):
+        assert sum(s.num_preempted for s in stats) > 0, "the small KV cache should have forced preemptions"
+    assert used_blocks == 0
+
+
+def test_gemma3_bf16_default_matches_float32_except_near_ties(prompts, reference, gemma_path):
+    with LLM(model=MODEL) as llm:
+        outs = llm.generate(prompts, PARAMS, use_tqdm=False)
+    diverged = _check_same(prompts, reference, [o.token_ids for o in outs], gemma_path, "bf16", BF16_NEAR_TIE)
+    assert diverged <= len(prompts) // 2, f"{diverged} of {len(prompts)} prompts diverged from float32"
