@@ -33,7 +33,7 @@ test-all: setup
 	$(BIN)/python -m pytest -q -m ''
 
 demo: setup kernels
-	$(BIN)/python scripts/demo.py
+	$(BIN)/python -m benchmarks.demo
 
 bench: setup
 	$(BIN)/python benchmarks/model_forward.py

@@ -11,7 +11,7 @@ both processes' CPU time from /proc over the run:
 It prints the API process's CPU (share of one core, and µs per streamed token), the engine core's, the
 throughput and TTFT / TBT percentiles per placement, and saves them with the machine and commit.
 
-    python benchmarks/api_process_cpu.py [--clients 64 --prompt-len 64 --output-len 96]
+    python -m benchmarks.api_process_cpu [--clients 64 --prompt-len 64 --output-len 96]
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 
 import httpx
-from record import save_result  # benchmarks/ is on sys.path when this file runs as a script
+
+from benchmarks.record import save_result
 
 PLACEMENTS = ("shared", "api-niced", "split")
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from cpu_load import session_cpu_seconds, session_pids
+from benchmarks.cpu_load import session_cpu_seconds, session_pids
 
 HOST = "127.0.0.1"
 

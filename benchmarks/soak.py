@@ -6,7 +6,7 @@ input with a 4xx. Anything else (a 5xx, a broken stream, a connection error) is 
 server processes' RSS and open file descriptors while it runs and checks, once drained, that no request
 is running or waiting and that every KV block is free. Prints a summary and writes it as JSON.
 
-    python benchmarks/soak.py --num-requests 2000 --qps 3.4 --output benchmarks/results/soak.json
+    python -m benchmarks.soak --num-requests 2000 --qps 3.4 --output benchmarks/results/soak.json
 """
 
 from __future__ import annotations
