@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import json
 import os
 import sys
@@ -235,19 +234,7 @@ async def _serve(
                 access_log=args.log_level == "debug",
             )
         )
-        effective = {
-            "served_model_name": name,
-            "engine_core_pid": ready.pid,
-            "worker_pids": ready.worker_pids,
-            "max_model_len": ready.max_model_len,
-            "num_kv_blocks": ready.num_kv_blocks,
-            "block_size": ready.block_size,
-            "max_waiting": args.max_waiting,
-            "limits": dataclasses.asdict(limits),
-            "structured_output_limits": dataclasses.asdict(constraint_limits),
-            "api_key_required": policy.api_key is not None,
-            **dataclasses.asdict(ready.config),
-        }
+        effective = state.effective_config(policy.api_key is not None)
         print(f"sarathi serve: effective config {json.dumps(effective, default=str)}", flush=True)
         print(f"sarathi serve: listening on http://{args.host}:{args.port}", flush=True)
         await server.serve()
