@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.record import save_result
-from benchmarks.server_process import RunningServer, free_port
+from benchmarks.server import RunningServer, free_port, serve_command
 
 GAP_TARGET = 3.0
 HEALTH_TARGET_S = 0.2
@@ -124,7 +124,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3, help="runs of each heavy request (median reported)")
     args = p.parse_args()
     port = free_port()
-    command = [sys.executable, "-m", "sarathi", "serve", "--port", str(port), *shlex.split(args.server_args)]
+    command = serve_command(port, *shlex.split(args.server_args))
     rows = []
     log = Path("stall_budget_results") / "server.log"
     with RunningServer(command, port, log) as server:

@@ -52,7 +52,7 @@ from benchmarks.llama_cpp_build import (
     llama_cpp_version,
 )
 from benchmarks.record import save_result
-from benchmarks.server_process import HOST, RunningServer, free_port
+from benchmarks.server import HOST, RunningServer, free_port, serve_command
 from sarathi.benchmark.capacity import Probe, SearchSettings, Slo, find_capacity
 
 SLOS = (Slo("strict 100ms", 0.1, 2.0), Slo("relaxed 500ms", 0.5, 2.0))
@@ -115,18 +115,7 @@ def llama_server_command(
 
 def sarathi_serve_command(port: int, token_budget: int, python: str = sys.executable) -> list[str]:
     """``sarathi serve`` of the embedded model (bf16, its defaults) with ``token_budget``."""
-    return [
-        python,
-        "-m",
-        "sarathi",
-        "serve",
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--token-budget",
-        str(token_budget),
-    ]
+    return serve_command(port, "--token-budget", str(token_budget), python=python)
 
 
 def server_command(setting: ServerSetting, port: int, model_gguf: str | Path | None = None) -> list[str]:
