@@ -193,6 +193,7 @@ async def _serve(
 ) -> int:
     import uvicorn
 
+    from sarathi.core.schedulers import SCHEDULERS
     from sarathi.engine.core_client import EngineCoreClient
     from sarathi.entrypoints.openai.api_server import ServerState, create_app
     from sarathi.entrypoints.openai.constraint_checker import ConstraintChecker
@@ -206,7 +207,7 @@ async def _serve(
         ready = await client.start()
         tokenizer = Tokenizer(ready.tokenizer_dir) if ready.tokenizer_dir else None
         sched = ready.config.scheduler
-        budget = sched.token_budget if sched.name in ("sarathi", "simple_chunking") else None
+        budget = sched.token_budget if SCHEDULERS[sched.name].chunked_prefills else None
         metrics = ServerMetrics(name, budget)
         state = ServerState(client, name, tokenizer, metrics, int(time.time()), limits)
         state.constraint_limits = constraint_limits
