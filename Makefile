@@ -36,10 +36,11 @@ test-all: setup
 	$(BIN)/python -m pytest -q -m ''
 
 demo: setup kernels
-	$(BIN)/python scripts/demo.py
+	$(BIN)/python -m benchmarks.demo
 
-bench: setup
-	$(BIN)/python benchmarks/model_forward.py
+# The forward-pass benchmark (README, "Benchmarks"); the others are python -m benchmarks.NAME.
+bench: setup kernels
+	$(BIN)/python -m benchmarks.model_forward
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -11,7 +11,7 @@ both processes' CPU time from /proc over the run:
 It prints the API process's CPU (share of one core, and µs per streamed token), the engine core's, the
 throughput and TTFT / TBT percentiles per placement, and saves them with the machine and commit.
 
-    python benchmarks/api_process_cpu.py [--clients 64 --prompt-len 64 --output-len 96]
+    python -m benchmarks.api_process_cpu [--clients 64 --prompt-len 64 --output-len 96]
 """
 
 from __future__ import annotations
@@ -19,25 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
-from record import save_result  # benchmarks/ is on sys.path when this file runs as a script
+from benchmarks.record import save_result
+from benchmarks.server import RunningServer, free_port, serve_command
 
 PLACEMENTS = ("shared", "api-niced", "split")
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -47,69 +39,40 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def _start_server(placement: str, serve_flags: list[str], log) -> tuple[subprocess.Popen, str, int]:
-    port = _free_port()
+def _start_server(placement: str, serve_flags: list[str], log_path: Path) -> tuple[RunningServer, int]:
+    """A server under ``placement``; it and its engine core's PID."""
     cores = sorted(os.sched_getaffinity(0))
-    env = dict(os.environ)
-    if placement == "split":
-        env["OMP_NUM_THREADS"] = str(max(1, len(cores) - 1))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sarathi", "serve", "--port", str(port), *serve_flags],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"sarathi serve exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    else:
-        proc.kill()
-        raise RuntimeError("sarathi serve did not start")
-    log.flush()
-    effective = next(
-        json.loads(line.removeprefix("sarathi serve: effective config "))
-        for line in Path(log.name).read_text().splitlines()
-        if line.startswith("sarathi serve: effective config ")
-    )
-    engine_pid = effective["engine_core_pid"]
-    if placement == "api-niced":
-        os.setpriority(os.PRIO_PROCESS, proc.pid, 10)
-    elif placement == "split" and len(cores) > 1:
-        os.sched_setaffinity(proc.pid, {cores[0]})
-        for tid in os.listdir(f"/proc/{engine_pid}/task"):  # every thread of the engine core
-            os.sched_setaffinity(int(tid), set(cores[1:]))
-    return proc, url, engine_pid
+    env = {"OMP_NUM_THREADS": str(max(1, len(cores) - 1))} if placement == "split" else None
+    port = free_port()
+    server = RunningServer(serve_command(port, *serve_flags), port, log_path, env=env, ready_timeout=300)
+    try:
+        engine_pid = server.config()["engine_core_pid"]
+        if placement == "api-niced":
+            os.setpriority(os.PRIO_PROCESS, server.pid, 10)
+        elif placement == "split" and len(cores) > 1:
+            os.sched_setaffinity(server.pid, {cores[0]})
+            for tid in os.listdir(f"/proc/{engine_pid}/task"):  # every thread of the engine core
+                os.sched_setaffinity(int(tid), set(cores[1:]))
+    except BaseException:
+        server.stop()
+        raise
+    return server, engine_pid
 
 
 def run_placement(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
     """One server under ``placement``, one burst of ``args.clients`` streaming requests."""
-    with tempfile.NamedTemporaryFile("w+", prefix="sarathi-serve-", suffix=".log") as log:
-        proc, url, engine_pid = _start_server(placement, args.serve_flags, log)
-        try:
-            bench_dir = out_dir / placement
-            cmd = [
-                sys.executable, "-m", "sarathi", "bench", "--url", url, "--trace", "synthetic",
-                "--num-requests", str(args.clients), "--qps", "0", "--prompt-len", str(args.prompt_len),
-                "--output-len", str(args.output_len), "--output-dir", str(bench_dir), "--no-progress",
-            ]  # fmt: skip
-            api0, engine0, t0 = cpu_seconds(proc.pid), cpu_seconds(engine_pid), time.monotonic()
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-            wall = time.monotonic() - t0
-            api, engine = cpu_seconds(proc.pid) - api0, cpu_seconds(engine_pid) - engine0
-        finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    server, engine_pid = _start_server(placement, args.serve_flags, out_dir / f"{placement}-serve.log")
+    with server:
+        bench_dir = out_dir / placement
+        cmd = [
+            sys.executable, "-m", "sarathi", "bench", "--url", server.url, "--trace", "synthetic",
+            "--num-requests", str(args.clients), "--qps", "0", "--prompt-len", str(args.prompt_len),
+            "--output-len", str(args.output_len), "--output-dir", str(bench_dir), "--no-progress",
+        ]  # fmt: skip
+        api0, engine0, t0 = cpu_seconds(server.pid), cpu_seconds(engine_pid), time.monotonic()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        wall = time.monotonic() - t0
+        api, engine = cpu_seconds(server.pid) - api0, cpu_seconds(engine_pid) - engine0
     summary = json.loads((bench_dir / "summary.json").read_text())[0]
     tokens = args.clients * args.output_len
     return {

@@ -17,7 +17,7 @@ The last rows measure real implementations: ours with bf16 weights and KV cache 
 stream; its contract is <= 1.3x the "weights + linear inputs + kv cache" row), and transformers' own bf16
 model.
 
-    python benchmarks/bf16_error_budget.py
+    python -m benchmarks.bf16_error_budget
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 import transformers
-from record import save_result  # benchmarks/ is on sys.path when this file runs as a script
 
+from benchmarks.record import save_result
 from sarathi.model import (
     SeqSlice,
     allocate_kv_cache,

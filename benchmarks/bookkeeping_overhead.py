@@ -7,7 +7,7 @@ replay time per iteration, divided by the mean iteration wall time of the real r
 bookkeeping adds to an iteration. The end-of-run summary is reported separately: it runs once, after the
 measurement.
 
-    python benchmarks/bookkeeping_overhead.py [--num-requests 16 --prompt-len 128 --output-len 32]
+    python -m benchmarks.bookkeeping_overhead [--num-requests 16 --prompt-len 128 --output-len 32]
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import argparse
 import statistics
 import time
 
-from record import save_result  # benchmarks/ is on sys.path when this file runs as a script
-
+from benchmarks.record import save_result
 from sarathi.benchmark.metrics_store import MetricsStore
 from sarathi.benchmark.runner import run_in_process, warm_up
 from sarathi.benchmark.workload import SyntheticLengths, TokenSpace, WorkloadConfig, generate_workload

@@ -7,7 +7,7 @@ scheduler's step accounting, detokenization + stop strings + ``RequestOutput``s,
 iteration's outputs the way the engine core sends them to the API process. The engine's overhead is
 everything but the forward pass, as a share of the iteration (target: <= 5%).
 
-    python benchmarks/engine_overhead.py [--running 64 --prompt-len 32 --output-len 48 --dtype bfloat16]
+    python -m benchmarks.engine_overhead [--running 64 --prompt-len 32 --output-len 48 --dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import statistics
 import time
 from collections import defaultdict
 
-from record import save_result  # benchmarks/ is on sys.path when this file runs as a script
-
+from benchmarks.record import save_result
 from sarathi.benchmark.runner import bench_params, warm_up
 from sarathi.config import engine_config
 from sarathi.engine.core_messages import CoreOutputs

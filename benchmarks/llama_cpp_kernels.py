@@ -16,14 +16,11 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from cpu_load import busy_seconds, children_seconds, foreign_load, own_seconds
+from benchmarks.cpu_load import busy_seconds, children_seconds, foreign_load, own_seconds
 
 DECODE_STEPS = 16
 

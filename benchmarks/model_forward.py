@@ -14,7 +14,7 @@ used more than 8% of the machine during it (this machine's cores are shared), an
 accepted is printed. With --llama-cpp, llama.cpp's own benchmarks (llama-bench, llama-batched-bench; see
 benchmarks/llama_cpp_kernels.py) time the same prefill and decode shapes on the BF16 GGUF of the same
 weights in the same run, beside the serving default (bf16-math).
-Run: .venv/bin/python benchmarks/model_forward.py [--quick] [--no-hf] [--llama-cpp]
+Run: .venv/bin/python -m benchmarks.model_forward [--quick] [--no-hf] [--llama-cpp]
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable
 
 import torch
-from cpu_load import busy_seconds, foreign_load, own_seconds
-from record import save_result  # benchmarks/ is on sys.path when this file runs as a script
 
+from benchmarks.cpu_load import busy_seconds, foreign_load, own_seconds
+from benchmarks.record import save_result
 from sarathi.model import (
     SeqSlice,
     allocate_kv_cache,
@@ -212,8 +212,14 @@ def hf_decode(hf, arch, dtype, batch: int) -> Callable[[], object]:
 def compare_llama_cpp(rows: list[dict], reps: int) -> dict:
     """Time llama.cpp at our prefill and decode shapes and add its ms, and ours / its, to the rows of the
     serving default (bf16-math); returns what was run, for the record."""
-    from llama_cpp_build import binary, build_info, ensure_bf16_gguf, ensure_llama_cpp, llama_cpp_version
-    from llama_cpp_kernels import decode_times, prefill_times
+    from benchmarks.llama_cpp_build import (
+        binary,
+        build_info,
+        ensure_bf16_gguf,
+        ensure_llama_cpp,
+        llama_cpp_version,
+    )
+    from benchmarks.llama_cpp_kernels import decode_times, prefill_times
 
     ensure_llama_cpp()
     gguf = ensure_bf16_gguf()

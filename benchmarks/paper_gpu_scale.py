@@ -15,22 +15,17 @@ Sections (all by default; ``--sections`` picks some):
 
 The paper's headline gains over vLLM are printed beside ours. Saves rows with machine and commit:
 
-    .venv/bin/python benchmarks/paper_gpu_scale.py
+    .venv/bin/python -m benchmarks.paper_gpu_scale
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from record import save_result
-
+from benchmarks.record import save_result
 from sarathi.benchmark.capacity import Probe, SearchSettings, Slo, find_capacity
 from sarathi.benchmark.workload import WorkloadConfig
 from sarathi.config import engine_config

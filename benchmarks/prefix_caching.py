@@ -9,15 +9,14 @@ think time between turns) in-process:
    ``--slo`` and whose median scheduling delay stays within ``--max-scheduling-delay`` (bisection on the
    rate, as ``sarathi capacity``). The prefix cache is emptied before every run.
 
-    python benchmarks/prefix_caching.py [--conversations 32 --qps 0.5 --slo 0.5]
+    python -m benchmarks.prefix_caching [--conversations 32 --qps 0.5 --slo 0.5]
 """
 
 from __future__ import annotations
 
 import argparse
 
-from record import save_result  # benchmarks/ is on sys.path when this file runs as a script
-
+from benchmarks.record import save_result
 from sarathi.benchmark.bench_cli import BenchConfig, run_one_in_process
 from sarathi.benchmark.capacity import Probe, SearchSettings, Slo, find_capacity
 from sarathi.benchmark.chat_workload import ChatWorkloadConfig

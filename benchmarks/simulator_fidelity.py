@@ -7,21 +7,16 @@ is none). Loads are fractions of the sarathi scheduler's simulated saturation th
 TTFT, TBT and scheduling delay and the throughput, with the simulated/real error of each, and saves the rows
 with machine and commit. Run it on a quiet machine:
 
-    .venv/bin/python benchmarks/simulator_fidelity.py
+    .venv/bin/python -m benchmarks.simulator_fidelity
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from record import save_result
-
+from benchmarks.record import save_result
 from sarathi.benchmark.runner import run_in_process, warm_up
 from sarathi.benchmark.workload import TokenSpace, WorkloadConfig, generate_workload
 from sarathi.config import engine_config

@@ -6,7 +6,7 @@ input with a 4xx. Anything else (a 5xx, a broken stream, a connection error) is 
 server processes' RSS and open file descriptors while it runs and checks, once drained, that no request
 is running or waiting and that every KV block is free. Prints a summary and writes it as JSON.
 
-    python benchmarks/soak.py --num-requests 2000 --qps 3.4 --output benchmarks/results/soak.json
+    python -m benchmarks.soak --num-requests 2000 --qps 3.4 --output benchmarks/results/soak.json
 """
 
 from __future__ import annotations
@@ -17,15 +17,13 @@ import contextlib
 import json
 import os
 import random
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
+
+from benchmarks.server import RunningServer, free_port, serve_command
 
 BAD_BODIES = [
     b'{"prompt": "hi", "max_tokens": ',
@@ -40,12 +38,6 @@ BAD_BODIES = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _proc_stats(pid: int) -> tuple[float, int]:
     """(RSS in MiB, open file descriptors) of a process, (nan, -1) if it is gone."""
     try:
@@ -54,46 +46,6 @@ def _proc_stats(pid: int) -> tuple[float, int]:
         return rss_kib / 1024, len(os.listdir(f"/proc/{pid}/fd"))
     except (FileNotFoundError, StopIteration, ProcessLookupError):
         return float("nan"), -1
-
-
-class Server:
-    """``sarathi serve`` as a subprocess; stopped by PID."""
-
-    def __init__(self, flags: list[str]) -> None:
-        self.url = f"http://127.0.0.1:{_free_port()}"
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="soak-serve-", suffix=".log", delete=False)  # noqa: SIM115
-        port = self.url.rsplit(":", 1)[1]
-        cmd = [sys.executable, "-m", "sarathi", "serve", "--port", port, *flags]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"sarathi serve exited:\n{Path(self.log.name).read_text()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        text = Path(self.log.name).read_text()
-        line = next(x for x in text.splitlines() if x.startswith("sarathi serve: effective config "))
-        self.engine_core_pid = json.loads(line.split("effective config ", 1)[1])["engine_core_pid"]
-
-    def metrics(self) -> dict[str, float]:
-        values = {}
-        for line in httpx.get(f"{self.url}/metrics", timeout=10).text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                values[name] = float(value)
-        return values
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 async def _one(client: httpx.AsyncClient, url: str, kind: str, rng: random.Random, i: int) -> str:
@@ -189,8 +141,8 @@ async def _sample(pids: dict[str, int], samples: list, stop: asyncio.Event, ever
             await asyncio.wait_for(stop.wait(), every_s)
 
 
-async def _main(args: argparse.Namespace, server: Server) -> dict:
-    pids = {"api": server.proc.pid, "engine": server.engine_core_pid}
+async def _main(args: argparse.Namespace, server: RunningServer) -> dict:
+    pids = {"api": server.pid, "engine": server.config()["engine_core_pid"]}
     samples: list[dict] = []
     stop = asyncio.Event()
     sampler = asyncio.create_task(_sample(pids, samples, stop, 5.0))
@@ -213,7 +165,8 @@ def main() -> int:
     p.add_argument("--output", default=None, help="JSON file for the summary")
     p.add_argument("serve_flags", nargs="*", help="flags for sarathi serve (after --)")
     args = p.parse_args()
-    server = Server(args.serve_flags or ["--max-waiting", "64"])
+    port = free_port()
+    server = RunningServer(serve_command(port, *(args.serve_flags or ["--max-waiting", "64"])), port)
     try:
         result = asyncio.run(_main(args, server))
         m = server.metrics()

@@ -17,7 +17,7 @@ victim's worst gap while the heavy request was in flight (the median over the re
 median gap alone; target <= 3x), and the slowest ``/health`` answer, polled every 50 ms (target < 200 ms).
 Saves the rows with the machine and the commit. Run it on a quiet machine:
 
-    python benchmarks/stall_budget.py [--server-args "--dtype float32"]
+    python -m benchmarks.stall_budget [--server-args "--dtype float32"]
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ import time
 from pathlib import Path
 
 import httpx
-from record import save_result
-from server_process import RunningServer, free_port
+
+from benchmarks.record import save_result
+from benchmarks.server import RunningServer, free_port, serve_command
 
 GAP_TARGET = 3.0
 HEALTH_TARGET_S = 0.2
@@ -123,7 +124,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3, help="runs of each heavy request (median reported)")
     args = p.parse_args()
     port = free_port()
-    command = [sys.executable, "-m", "sarathi", "serve", "--port", str(port), *shlex.split(args.server_args)]
+    command = serve_command(port, *shlex.split(args.server_args))
     rows = []
     log = Path("stall_budget_results") / "server.log"
     with RunningServer(command, port, log) as server:

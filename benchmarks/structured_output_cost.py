@@ -5,7 +5,7 @@ sampling worker does: ``GrammarMasks.apply`` (compute each constrained row's bit
 logits) and ``advance`` (each matcher consumes its row's token). Tokens follow valid JSON documents, each
 row at its own offset, so matchers see realistic states. Prints ms per iteration.
 
-    OMP_NUM_THREADS=1 python benchmarks/structured_output_cost.py [--batch 32] [--iterations 200]
+    OMP_NUM_THREADS=1 python -m benchmarks.structured_output_cost [--batch 32] [--iterations 200]
 """
 
 from __future__ import annotations

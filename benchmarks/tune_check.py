@@ -8,21 +8,16 @@ On this machine, for one workload and TBT SLO:
 Prints simulated vs real capacity per budget, whether the tuned budget's real capacity is within 10% of the
 best real one, and saves the rows with machine and commit. Run it on a quiet machine:
 
-    .venv/bin/python benchmarks/tune_check.py
+    .venv/bin/python -m benchmarks.tune_check
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from record import save_result
-
+from benchmarks.record import save_result
 from sarathi.benchmark.capacity import Probe, SearchSettings, Slo, find_capacity
 from sarathi.benchmark.runner import run_in_process, warm_up
 from sarathi.benchmark.workload import TokenSpace, WorkloadConfig, generate_workload

@@ -26,8 +26,8 @@ more than 8% of the machine is repeated; a probe still disturbed after the retri
 Writes benchmarks/results/vs-llama-cpp-<date>-<commit>.json and, in --output-dir, capacity bars per SLO and
 TBT and TTFT CDFs at one shared load per workload.
 
-    .venv/bin/python benchmarks/vs_llama_cpp.py --quick   # one workload, -b 64 and 2048, 3 probes per search
-    .venv/bin/python benchmarks/vs_llama_cpp.py           # both workloads, all four -b, 6 probes per search
+    .venv/bin/python -m benchmarks.vs_llama_cpp --quick   # one workload, -b 64 and 2048, 3 probes per search
+    .venv/bin/python -m benchmarks.vs_llama_cpp           # both workloads, all four -b, 6 probes per search
 """
 
 from __future__ import annotations
@@ -42,10 +42,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from cpu_load import busy_seconds, foreign_load, own_seconds
-from llama_cpp_build import (
+from benchmarks.cpu_load import busy_seconds, foreign_load, own_seconds
+from benchmarks.llama_cpp_build import (
     LLAMA_CPP_PYTHON_VERSION,
     binary,
     build_info,
@@ -53,9 +51,8 @@ from llama_cpp_build import (
     ensure_llama_cpp,
     llama_cpp_version,
 )
-from record import save_result
-from server_process import HOST, RunningServer, free_port
-
+from benchmarks.record import save_result
+from benchmarks.server import HOST, RunningServer, free_port, serve_command
 from sarathi.benchmark.capacity import Probe, SearchSettings, Slo, find_capacity
 
 SLOS = (Slo("strict 100ms", 0.1, 2.0), Slo("relaxed 500ms", 0.5, 2.0))
@@ -118,18 +115,7 @@ def llama_server_command(
 
 def sarathi_serve_command(port: int, token_budget: int, python: str = sys.executable) -> list[str]:
     """``sarathi serve`` of the embedded model (bf16, its defaults) with ``token_budget``."""
-    return [
-        python,
-        "-m",
-        "sarathi",
-        "serve",
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--token-budget",
-        str(token_budget),
-    ]
+    return serve_command(port, "--token-budget", str(token_budget), python=python)
 
 
 def server_command(setting: ServerSetting, port: int, model_gguf: str | Path | None = None) -> list[str]:

@@ -16,6 +16,8 @@ DTYPES = ("float32", "bfloat16")
 # "auto": bfloat16 math where our bf16 GEMM kernel runs (bf16 weights, AVX512-BF16), else float32.
 COMPUTE_DTYPES = ("auto", *DTYPES)
 EXECUTOR_BACKENDS = ("mp", "ray")
+# "auto": by path (.gguf, else a safetensors folder); "dummy": random weights for a config (no checkpoint).
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
 
 @dataclass(frozen=True)
@@ -137,10 +139,9 @@ class ModelConfig:
     hf_config: dict | None = None
 
     def __post_init__(self) -> None:
-        if self.load_format not in ("auto", "safetensors", "gguf", "dummy"):
-            raise ValueError(
-                f"unknown load_format {self.load_format!r}; choose one of: auto, safetensors, gguf, dummy"
-            )
+        if self.load_format not in LOAD_FORMATS:
+            choices = ", ".join(LOAD_FORMATS)
+            raise ValueError(f"unknown load_format {self.load_format!r}; choose one of: {choices}")
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
         if self.compute_dtype not in COMPUTE_DTYPES:

@@ -32,11 +32,10 @@ from sarathi.benchmark.workload import (
     trace_path,
 )
 from sarathi.config import DEFAULT_TOKEN_BUDGET, SCHEDULER_NAMES, EngineConfig
+from sarathi.core.schedulers import SCHEDULERS
 from sarathi.entrypoints.args import add_engine_args, engine_config_from_args
 
 CHAT = "chat"
-# Schedulers whose iterations are bounded by the token budget; the others ignore it.
-CHUNKING_SCHEDULERS = ("sarathi", "simple_chunking")
 SUMMARY_KEYS = (
     "scheduler",
     "token_budget",
@@ -166,8 +165,9 @@ def bench_configs(schedulers: list[str], budgets: list[int]) -> list[BenchConfig
         raise ValueError("need at least one scheduler and one token budget")
     configs = []
     for s in dict.fromkeys(schedulers):
-        for b in budgets if s in CHUNKING_SCHEDULERS else budgets[:1]:
-            label = f"{s}@{b}" if len(budgets) > 1 and s in CHUNKING_SCHEDULERS else s
+        chunked = SCHEDULERS[s].chunked_prefills  # bounded by the token budget; the others ignore it
+        for b in budgets if chunked else budgets[:1]:
+            label = f"{s}@{b}" if len(budgets) > 1 and chunked else s
             configs.append(BenchConfig(label, s, b))
     return configs
 
@@ -339,7 +339,7 @@ def resolve_token_budgets(args: argparse.Namespace) -> list[int | str]:
     server chose its own), dropped where no scheduler uses a budget."""
     if getattr(args, "url", None):
         return list(args.token_budget)
-    chunking = [s for s in args.schedulers if s in CHUNKING_SCHEDULERS]
+    chunking = [s for s in args.schedulers if s in SCHEDULERS and SCHEDULERS[s].chunked_prefills]
     budgets: list[int | str] = []
     for b in args.token_budget:
         if b == "auto":

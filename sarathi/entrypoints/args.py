@@ -10,6 +10,7 @@ from sarathi.config import (
     DEFAULT_TOKEN_BUDGET,
     DTYPES,
     EXECUTOR_BACKENDS,
+    LOAD_FORMATS,
     SCHEDULER_NAMES,
     ChunkSchedule,
     EngineConfig,
@@ -23,7 +24,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     m.add_argument(
         "--model", default=None, help="HF checkpoint folder or .gguf file (default: embedded SmolLM2)"
     )
-    m.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"])
+    m.add_argument("--load-format", default="auto", choices=LOAD_FORMATS)
     m.add_argument(
         "--dtype", default="bfloat16", choices=DTYPES, help="weights and KV cache (float32: exact, slower)"
     )

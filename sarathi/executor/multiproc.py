@@ -12,7 +12,6 @@ import collections
 import contextlib
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,17 +24,12 @@ from sarathi.config import EngineConfig
 from sarathi.executor.base import Executor, WorkerFailedError
 from sarathi.executor.messages import StageTiming, StepInput, StepOutput
 from sarathi.model.parallel import ShardSpec
+from sarathi.net import free_port
 from sarathi.worker.process import StopWorker, WorkerError, WorkerReady, WorkerSpec, describe_rank
 
 _POLL_MS = 200
 STEP_TIMEOUT_S = float(os.environ.get("SARATHI_STEP_TIMEOUT_S", "600"))
 STARTUP_TIMEOUT_S = 600.0
-
-
-def free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def shards_of(config: EngineConfig) -> list[ShardSpec]:
@@ -66,7 +60,7 @@ class MultiprocExecutor(Executor):
         self._results = self._context.socket(zmq.PULL)
         self._results.bind(f"ipc://{os.path.join(self._dir.name, 'results')}")
         result_address = self._results.getsockopt_string(zmq.LAST_ENDPOINT)
-        init_method = f"tcp://127.0.0.1:{free_tcp_port()}"
+        init_method = f"tcp://127.0.0.1:{free_port()}"
         self._steps: list[zmq.Socket] = []
         self._processes: list[subprocess.Popen] = []
         self._pending: collections.deque[int] = collections.deque()

@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import math
 import os
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -38,6 +37,7 @@ from sarathi.executor.base import Executor, WorkerFailedError
 from sarathi.executor.messages import StageTiming, StepInput, StepOutput
 from sarathi.executor.multiproc import STARTUP_TIMEOUT_S, STEP_TIMEOUT_S, shards_of
 from sarathi.model.parallel import ShardSpec, init_distributed, threads_per_rank
+from sarathi.net import free_port
 from sarathi.worker.process import describe_rank
 
 PLACEMENT_TIMEOUT_S = float(os.environ.get("SARATHI_RAY_PLACEMENT_TIMEOUT_S", "60"))
@@ -105,9 +105,7 @@ class RayWorker:
 
     def free_port(self) -> int:
         """A TCP port free on this node's address (for the process group's rendezvous)."""
-        with socket.socket() as s:
-            s.bind((ray.util.get_node_ip_address(), 0))
-            return s.getsockname()[1]
+        return free_port(ray.util.get_node_ip_address())
 
     def clock(self) -> float:
         return time.monotonic()

@@ -24,6 +24,7 @@ from pathlib import Path
 from sarathi.benchmark.capacity import STRICT_MULTIPLE, SearchSettings, Slo
 from sarathi.benchmark.workload import WorkloadConfig
 from sarathi.config import DEFAULT_TOKEN_BUDGET, EngineConfig
+from sarathi.core.schedulers import SCHEDULERS
 from sarathi.simulator.batch_shape import BatchShape
 from sarathi.simulator.latency_model import LatencyModel
 
@@ -32,7 +33,6 @@ AUTO_BUDGETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 DEFAULT_SLO_MULTIPLE = STRICT_MULTIPLE
 #: The cached tokens of the one-sequence decode that the default SLO is a multiple of.
 DECODE_CONTEXT = 256
-CHUNKING_SCHEDULERS = ("sarathi", "simple_chunking")
 _CHOICE_VERSION = 3
 # Coarse (capacity within ~30%), so a first start simulates for seconds; enough to rank budgets.
 AUTO_SEARCH = SearchSettings(qps_start=0.25, qps_min=0.01, qps_max=1e4, rel_tol=0.15, max_probes=6)
@@ -149,7 +149,7 @@ def auto_budget_choice(
     from sarathi.simulator.machine_profile import machine_latency_model, machine_profile_path
     from sarathi.simulator.measured import MeasuredLatencyModel
 
-    if config.scheduler.name not in CHUNKING_SCHEDULERS:
+    if not SCHEDULERS[config.scheduler.name].chunked_prefills:
         raise ValueError(f"--token-budget auto needs a chunking scheduler, not {config.scheduler.name!r}")
     if tbt_slo is not None and not tbt_slo > 0:
         raise ValueError(f"--tbt-slo must be > 0 seconds, got {tbt_slo}")
@@ -176,7 +176,7 @@ def auto_budget_choice(
 
 def auto_token_budget(config: EngineConfig, tbt_slo: float | None = None, progress: bool = True) -> int:
     """The budget of ``auto_budget_choice``; schedulers without a token budget get the default."""
-    if config.scheduler.name not in CHUNKING_SCHEDULERS:
+    if not SCHEDULERS[config.scheduler.name].chunked_prefills:
         return DEFAULT_TOKEN_BUDGET
     return auto_budget_choice(config, tbt_slo, progress).token_budget
 

@@ -1,14 +1,10 @@
-"""Fixtures that run ``sarathi serve`` as a real subprocess on 127.0.0.1 and a free port."""
+"""Fixtures that run ``sarathi serve`` as a real subprocess on 127.0.0.1 and a free port (``RunningServer``,
+shared with the benchmarks)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 
@@ -16,83 +12,30 @@ import httpx
 import openai
 import pytest
 
+from benchmarks.server import RunningServer, free_port, serve_command
+
 STARTUP_TIMEOUT_S = 300
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """A ``sarathi serve`` subprocess; ``stop()`` ends it (and its engine core) by PID."""
+class ServerProcess(RunningServer):
+    """``sarathi serve`` with ``flags`` and a fixed token budget unless they name one (no start-up simulation
+    of the auto choice); ``engine_core_pid`` and ``worker_pids`` are those it started with."""
 
     def __init__(self, *flags: str, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        if "--token-budget" not in flags:  # a fixed budget: no start-up simulation of the auto choice
+        if "--token-budget" not in flags:
             flags = (*flags, "--token-budget", "64")
-        # The log outlives this call (the server writes it until stop()).
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="sarathi-serve-", suffix=".log", delete=False)  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sarathi", "serve", "--port", str(self.port), *flags],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env=None if env is None else {**os.environ, **env},
+        port = free_port()
+        api_key = (env or {}).get("SARATHI_API_KEY")
+        super().__init__(
+            serve_command(port, *flags), port, env=env, api_key=api_key, ready_timeout=STARTUP_TIMEOUT_S
         )
-        self._wait_ready()
-        effective = self._effective_config()
-        self.engine_core_pid = effective["engine_core_pid"]
+        try:
+            effective = self.config()
+        except BaseException:
+            self.stop()
+            raise
+        self.engine_core_pid: int = effective["engine_core_pid"]
         self.worker_pids: list[int] = effective["worker_pids"]
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"sarathi serve exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise RuntimeError(f"sarathi serve did not start in {STARTUP_TIMEOUT_S} s:\n{self.output()}")
-
-    def _effective_config(self) -> dict:
-        for line in self.output().splitlines():
-            if line.startswith("sarathi serve: effective config "):
-                return json.loads(line.removeprefix("sarathi serve: effective config "))
-        raise RuntimeError(f"no effective config line in the server output:\n{self.output()}")
-
-    def output(self) -> str:
-        self.log.flush()
-        with open(self.log.name) as f:
-            return f.read()
-
-    def metrics(self) -> dict[str, float]:
-        """The unlabelled samples of /metrics by name."""
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
-        values = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                values[name] = float(value)
-        return values
-
-    def stop(self, timeout_s: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        for pid in [self.engine_core_pid, *self.worker_pids]:
-            if pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        return self.proc.returncode
 
 
 def pid_alive(pid: int) -> bool:

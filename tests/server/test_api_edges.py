@@ -1,6 +1,7 @@
 """Edges of the HTTP surface through a live ``sarathi serve``: the tokenizer routes behind the API key and
-the Content-Type check, /health's JSON body, 405 with Allow, and /openapi.json documenting every error
-response with the body the server really sends, and tool schema errors naming their tool."""
+the Content-Type check, /health's JSON body, /server_info (the effective config) behind the key, 405 with
+Allow, and /openapi.json documenting every error response with the body the server really sends, and tool
+schema errors naming their tool."""
 
 from __future__ import annotations
 
@@ -82,6 +83,25 @@ def test_openapi_documents_the_error_responses(keyed_server):
         assert {"400", "401", "404", "413", "415", "500"} <= set(spec["paths"][path]["post"]["responses"])
     assert "503" in spec["paths"]["/health"]["get"]["responses"]
     assert "401" not in spec["paths"]["/health"]["get"]["responses"]
+
+
+def test_server_info_is_the_effective_config_behind_the_api_key(keyed_server, error_schema):
+    url = f"{keyed_server.url}/server_info"
+    for headers in ({}, {"authorization": "Bearer wrong"}):
+        assert _assert_error(httpx.get(url, headers=headers, timeout=10), 401, error_schema)["code"] == (
+            "invalid_api_key"
+        )
+    r = httpx.get(url, headers=AUTH, timeout=10)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    info = r.json()
+    printed = keyed_server.output().split("sarathi serve: effective config ", 1)[1].splitlines()[0]
+    assert info == json.loads(printed)  # the start-up line, served
+    assert info["api_key_required"] is True and info["served_model_name"] == "SmolLM2-135M-Instruct"
+    assert (info["num_kv_blocks"], info["cache"]["num_kv_blocks"]) == (64, 64)
+    assert info["scheduler"]["name"] == "sarathi" and info["scheduler"]["token_budget"] == 64
+    assert info["engine_core_pid"] == keyed_server.engine_core_pid
+    spec = httpx.get(f"{keyed_server.url}/openapi.json", timeout=10).json()
+    assert "401" in spec["paths"]["/server_info"]["get"]["responses"]
 
 
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "broken"}}])

@@ -252,6 +252,6 @@ def test_restart_engine_on_failure_brings_a_new_engine_core_up():
         after = httpx.post(url, json=_greedy("The sky is"), timeout=120).json()["choices"][0]["text"]
         assert after == before
         new_pid = int(srv.output().split("engine core restarted (pid ")[1].split(")")[0])
-        srv.engine_core_pid = new_pid  # so stop() checks the new one
+        assert srv.config()["engine_core_pid"] == new_pid  # /server_info names the new engine core
     finally:
         srv.stop()

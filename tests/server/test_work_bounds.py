@@ -54,7 +54,7 @@ class HealthProbe:
 
 
 def _kv_pool_tokens(server) -> int:
-    config = server._effective_config()
+    config = server.config()
     return config["num_kv_blocks"] * config["block_size"]
 
 
@@ -74,7 +74,7 @@ def test_a_request_that_needs_more_kv_than_the_pool_is_refused(server):
 def test_per_request_caps_on_n_batch_prompts_and_detokenize(server):
     """Issue: nothing bounded n below 64, a batch's prompt count below 256 sequences, or /detokenize (2 M ids
     blocked /health 1.4 s). Each cap is a flag; the refusal names the param and the flag."""
-    limits = server._effective_config()["limits"]
+    limits = server.config()["limits"]
     assert (limits["max_n"], limits["max_batch_prompts"]) == (16, 64)
     url = f"{server.url}/v1/completions"
     error = _refused(post_body(url, {"prompt": "hi", "max_tokens": 1, "n": 17}), "n", 17, 16)
@@ -83,7 +83,7 @@ def test_per_request_caps_on_n_batch_prompts_and_detokenize(server):
     _refused(post_body(f"{server.url}/v1/chat/completions", chat), "n", 17)
     error = _refused(post_body(url, {"prompt": ["hi"] * 65, "max_tokens": 1}), "prompt", 65, 64)
     assert "--max-batch-prompts" in error["message"]
-    max_model_len = server._effective_config()["max_model_len"]
+    max_model_len = server.config()["max_model_len"]
     detok = f"{server.url}/detokenize"
     error = _refused(post_body(detok, {"tokens": [42] * (max_model_len + 1)}), "tokens", max_model_len)
     assert "--max-detokenize-tokens" in error["message"]

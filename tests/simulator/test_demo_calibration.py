@@ -62,22 +62,17 @@ def test_the_demo_fits_in_five_minutes_with_its_profile(calibrated):
 
 
 def test_the_demo_script_prints_its_choices_and_runs_bench_with_them(tmp_path, monkeypatch, capsys):
-    import importlib.util
     import sys
 
+    from benchmarks import demo
     from sarathi.simulator import auto_budget, machine_profile
 
     kept = PROFILES[0]
     monkeypatch.setenv(machine_profile.PROFILE_ENV, str(kept))
     monkeypatch.setattr(auto_budget, "choice_cache_dir", lambda: tmp_path)
-    spec = importlib.util.spec_from_file_location(
-        "demo_script", Path(__file__).parents[2] / "scripts" / "demo.py"
-    )
-    demo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo)
     argv = []
     monkeypatch.setattr(demo, "sarathi_main", lambda a: argv.extend(a) or 0)
-    monkeypatch.setattr(sys, "argv", ["demo.py"])
+    monkeypatch.setattr(sys, "argv", ["python -m benchmarks.demo"])
     assert demo.main() == 0
     err = capsys.readouterr().err
     plan = plan_demo(DemoSettings(), MeasuredLatencyModel.load(kept))

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -88,7 +89,8 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
     app = FastAPI(title="sarathi", version=sarathi.__version__, lifespan=lifespan)
     app.state.sarathi = state
     state.client.on_outputs = state.metrics.observe_core_outputs
-    install_access_policy(app, policy or AccessPolicy())
+    policy = policy or AccessPolicy()
+    install_access_policy(app, policy)
     document_request_bodies(
         app,
         {
@@ -129,6 +131,12 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
     @app.get("/version")
     async def version() -> dict:
         return {"version": sarathi.__version__}
+
+    @app.get("/server_info")
+    async def server_info() -> Response:
+        """The effective configuration (behind the API key): ``sarathi serve``'s start-up line, live."""
+        info = state.effective_config(policy.api_key is not None)
+        return Response(json.dumps(info, default=str), media_type="application/json")
 
     @app.get("/metrics")
     async def metrics() -> Response:

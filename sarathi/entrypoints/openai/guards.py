@@ -20,8 +20,9 @@ PROMPT_CHARS_PER_TOKEN = 32
 DEFAULT_MAX_STOP_STRINGS = 32
 DEFAULT_MAX_STOP_STRING_CHARS = 256
 MAX_LOGPROBS = 20  # OpenAI's bound on top_logprobs, and the most SamplingParams accepts
-# Routes outside /v1/ that use the model (and so need the key and a JSON body like /v1/*).
-_GUARDED_PATHS = ("/tokenize", "/detokenize")
+# Routes outside /v1/ behind the key like /v1/*: the tokenizer's (a POST there needs a JSON body too) and
+# the effective configuration (paths, limits, process ids).
+_GUARDED_PATHS = ("/tokenize", "/detokenize", "/server_info")
 
 
 @dataclass(frozen=True)

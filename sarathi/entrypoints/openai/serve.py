@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import json
 import os
 import sys
@@ -194,6 +193,7 @@ async def _serve(
 ) -> int:
     import uvicorn
 
+    from sarathi.core.schedulers import SCHEDULERS
     from sarathi.engine.core_client import EngineCoreClient
     from sarathi.entrypoints.openai.api_server import ServerState, create_app
     from sarathi.entrypoints.openai.constraint_checker import ConstraintChecker
@@ -207,7 +207,7 @@ async def _serve(
         ready = await client.start()
         tokenizer = Tokenizer(ready.tokenizer_dir) if ready.tokenizer_dir else None
         sched = ready.config.scheduler
-        budget = sched.token_budget if sched.name in ("sarathi", "simple_chunking") else None
+        budget = sched.token_budget if SCHEDULERS[sched.name].chunked_prefills else None
         metrics = ServerMetrics(name, budget)
         state = ServerState(client, name, tokenizer, metrics, int(time.time()), limits)
         state.constraint_limits = constraint_limits
@@ -235,19 +235,7 @@ async def _serve(
                 access_log=args.log_level == "debug",
             )
         )
-        effective = {
-            "served_model_name": name,
-            "engine_core_pid": ready.pid,
-            "worker_pids": ready.worker_pids,
-            "max_model_len": ready.max_model_len,
-            "num_kv_blocks": ready.num_kv_blocks,
-            "block_size": ready.block_size,
-            "max_waiting": args.max_waiting,
-            "limits": dataclasses.asdict(limits),
-            "structured_output_limits": dataclasses.asdict(constraint_limits),
-            "api_key_required": policy.api_key is not None,
-            **dataclasses.asdict(ready.config),
-        }
+        effective = state.effective_config(policy.api_key is not None)
         print(f"sarathi serve: effective config {json.dumps(effective, default=str)}", flush=True)
         print(f"sarathi serve: listening on http://{args.host}:{args.port}", flush=True)
         await server.serve()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from sarathi.engine.core_client import EngineCoreClient
@@ -30,3 +31,21 @@ class ServerState:
     @property
     def max_model_len(self) -> int:
         return self.client.ready.max_model_len
+
+    def effective_config(self, api_key_required: bool) -> dict:
+        """What the server runs with (printed at start-up and answered by ``GET /server_info``): the current
+        engine core's process ids, KV cache and engine config, and the API process's limits."""
+        ready = self.client.ready
+        return {
+            "served_model_name": self.model_name,
+            "engine_core_pid": ready.pid,
+            "worker_pids": ready.worker_pids,
+            "max_model_len": ready.max_model_len,
+            "num_kv_blocks": ready.num_kv_blocks,
+            "block_size": ready.block_size,
+            "max_waiting": self.client.max_waiting,
+            "limits": dataclasses.asdict(self.limits),
+            "structured_output_limits": dataclasses.asdict(self.constraint_limits),
+            "api_key_required": api_key_required,
+            **dataclasses.asdict(ready.config),
+        }

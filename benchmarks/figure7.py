@@ -1,5 +1,5 @@
 """The paper's Figure 7 situation on the embedded SmolLM2-135M, under each scheduler (``make demo`` was
-this script before it became a load benchmark; run it with ``python scripts/figure7.py``).
+this script before it became a load benchmark; run it with ``python -m benchmarks.figure7``).
 
 Six chat requests start decoding; a few iterations later two long prompts arrive. A prefill-first scheduler
 (vllm, orca) stalls the running decodes while it processes the long prompts whole; sarathi chunks them and

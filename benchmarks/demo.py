@@ -15,7 +15,7 @@ with that budget at which prompts really overlap decodes (a prefill-first schedu
 reaches 3x the SLO). The demo prints each with its reason, and the simulator's prediction of the table,
 before it runs.
 
-The Figure 7 demo that ``make demo`` ran before is ``scripts/figure7.py``.
+The Figure 7 demo that ``make demo`` ran before is ``python -m benchmarks.figure7``.
 """
 
 from __future__ import annotations
