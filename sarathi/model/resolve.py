@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sarathi.config import LOAD_FORMATS
 from sarathi.model.config import ModelArchConfig
 from sarathi.model.embedded import (
     PACKAGED_MODELS,
@@ -19,8 +20,6 @@ from sarathi.model.embedded import (
 )
 from sarathi.model.gguf_loader import GGUFCheckpoint
 from sarathi.model.safetensors_folder import has_tokenizer, read_config
-
-LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
 
 @dataclass(frozen=True)

@@ -21,35 +21,34 @@ def gemma():
 
 
 def test_chat_renders_gemma_turns_as_transformers_does(gemma):
+    """Without tools the server's prompt is transformers' apply_chat_template exactly. With tools the server
+    writes its Hermes tool prompt into the system message (as for every model), which Gemma's format puts
+    at the head of the first user turn."""
+    import httpx
     from transformers import AutoTokenizer
 
     srv, _ = gemma
-    import httpx
-
     messages = [
         {"role": "system", "content": "Answer briefly."},
         {"role": "user", "content": "Name a colour."},
         {"role": "assistant", "content": "Blue."},
         {"role": "user", "content": "Another?"},
     ]
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "description": "Weather in a city",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-            },
-        }
-    ]
     tok = AutoTokenizer.from_pretrained(packaged_model_path("gemma3-270m"))
-    for kwargs in ({}, {"tools": tools}):
-        expected = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
-        body = {"model": "gemma3-270m", "messages": messages, **kwargs}
-        got = httpx.post(f"{srv.url}/tokenize", json=body, timeout=60).json()
-        assert got["tokens"] == tok(expected, add_special_tokens=False)["input_ids"]
-    assert expected.startswith("<bos><start_of_turn>user\nAnswer briefly.\n\nYou may call these functions")
-    assert expected.endswith("<start_of_turn>user\nAnother?<end_of_turn>\n<start_of_turn>model\n")
+    expected = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert expected == (
+        "<bos><start_of_turn>user\nAnswer briefly.\n\nName a colour.<end_of_turn>\n"
+        "<start_of_turn>model\nBlue.<end_of_turn>\n<start_of_turn>user\nAnother?<end_of_turn>\n"
+        "<start_of_turn>model\n"
+    )
+    got = httpx.post(f"{srv.url}/tokenize", json={"messages": messages}, timeout=60).json()
+    assert got["tokens"] == tok(expected, add_special_tokens=False)["input_ids"]
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    got = httpx.post(f"{srv.url}/tokenize", json={"messages": messages, "tools": tools}, timeout=60).json()
+    text = tok.decode(got["tokens"])
+    assert text.startswith("<bos><start_of_turn>user\nAnswer briefly.\n\n") and "get_weather" in text
+    assert text.count("<start_of_turn>user") == 2 and text.endswith("<start_of_turn>model\n")
 
 
 def test_chat_streams_and_stops_at_end_of_turn(gemma):
@@ -71,7 +70,10 @@ def test_json_schema_output_parses_at_262k_vocabulary(gemma):
     model = client.models.list().data[0].id
     schema = {
         "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 20}, "population": {"type": "integer"}},
+        "properties": {
+            "city": {"type": "string", "maxLength": 20},
+            "population": {"type": "integer", "minimum": 0, "maximum": 99999999},
+        },
         "required": ["city", "population"],
         "additionalProperties": False,
     }
