@@ -10,6 +10,8 @@
 - `silu_mul_bf16`, `add_rms_norm_bf16`: a bf16-math layer's elementwise steps fused, one pass each
   (`csrc/elementwise.cpp`).
 - `rope_write_kv`: RoPE on q and k and the KV-cache write of k and v, one pass over qkv (`csrc/rope_kv.cpp`).
+- `mask_logits_by_bitmask`: structured outputs' packed token bitmask applied to logit rows in place
+  (`csrc/token_bitmask.cpp`).
 
 The extension is compiled with the C++ compiler `torch.utils.cpp_extension` finds, once per source and torch
 version, into the sarathi cache folder (about a minute on 2 cores; later processes load the cached library).
@@ -109,6 +111,11 @@ def decode_attention(
     return torch.ops.sarathi_kernels.decode_attention(
         q, k_cache, v_cache, block_tables, context_lens, scale, window
     )
+
+
+def mask_logits_by_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
+    """In place: float32 logits row rows[k] gets -inf wherever bit row k of the int32 bitmask is 0."""
+    torch.ops.sarathi_kernels.mask_logits_by_bitmask(logits, bitmask, rows)
 
 
 def silu_mul_bf16(gate_up: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ import threading
 import torch
 
 from sarathi.executor.messages import SampledToken
+from sarathi.model import kernels
 from sarathi.structured_output import (
     BIG_STACK_BYTES,
     ConstraintError,
@@ -148,6 +149,10 @@ class GrammarMasks:
             matcher.unsafe_compute_mask_ptr(bitmask[k].data_ptr(), row_bytes)
             if matcher.is_error():
                 failed[i] = f"structured output: {first_line(matcher.get_error())}"
+        if kernels.available():  # one pass that skips fully allowed words
+            masked = logits.to(torch.float32, copy=True)  # the model output may be an inference-mode tensor
+            kernels.mask_logits_by_bitmask(masked, bitmask, torch.tensor(rows, dtype=torch.long))
+            return masked, failed
         bits = (bitmask.unsqueeze(-1) >> self._shifts) & 1
         allowed = bits.view(len(rows), -1)[:, : logits.shape[1]].bool()
         logits = logits.float()

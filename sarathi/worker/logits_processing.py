@@ -28,20 +28,23 @@ def apply_bias_and_penalties(
     if penalized:
         if token_ids is None:
             raise ValueError("penalties need the requests' token ids")
-        vocab = logits.shape[1]
-        histories = [token_ids[i] for i in penalized]
-        splits = [len(h) - steps[i] for h, i in zip(histories, penalized, strict=True)]
-        counts = _token_counts([h[s:] for h, s in zip(histories, splits, strict=True)], vocab)
-        in_prompt = _token_counts([h[:s] for h, s in zip(histories, splits, strict=True)], vocab) > 0
-        rep = torch.tensor([params[i].repetition_penalty for i in penalized]).unsqueeze(1)
-        freq = torch.tensor([params[i].frequency_penalty for i in penalized]).unsqueeze(1)
-        pres = torch.tensor([params[i].presence_penalty for i in penalized]).unsqueeze(1)
-        sub = logits[penalized]
-        seen = in_prompt | (counts > 0)
-        sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
-        sub = sub - freq * counts - pres * (counts > 0).float()
-        logits[penalized] = sub
+        for i in penalized:  # only the tokens a row has seen change: work in its history, not its vocabulary
+            _penalize_row(logits[i], token_ids[i], steps[i], params[i])
     return logits
+
+
+def _penalize_row(row: torch.Tensor, history: list[int], num_output: int, p: SamplingParams) -> None:
+    """In place on one row: the repetition penalty on every token of prompt or output, then the frequency
+    and presence penalties on the output's tokens by their counts."""
+    ids = torch.tensor(history, dtype=torch.long)
+    split = len(history) - num_output
+    seen = ids.unique()
+    if p.repetition_penalty != 1.0 and seen.numel():
+        vals = row[seen]
+        row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    out_ids, counts = ids[split:].unique(return_counts=True)
+    if out_ids.numel() and (p.frequency_penalty or p.presence_penalty):
+        row[out_ids] -= p.frequency_penalty * counts.float() + p.presence_penalty
 
 
 def apply_min_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
@@ -58,11 +61,3 @@ def apply_min_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Ten
     logits = logits.clone()
     logits[rows] = sub.masked_fill(drop, float("-inf"))
     return logits
-
-
-def _token_counts(seqs: list[list[int]], vocab: int) -> torch.Tensor:
-    """(len(seqs), vocab) float32: how often each token id occurs in each sequence."""
-    width = max((len(s) for s in seqs), default=0) or 1
-    ids = torch.tensor([s + [vocab] * (width - len(s)) for s in seqs], dtype=torch.long)
-    counts = torch.zeros(len(seqs), vocab + 1).scatter_add_(1, ids, torch.ones(ids.shape))
-    return counts[:, :vocab]

@@ -127,15 +127,20 @@ def token_logprobs(
     rows = [i for i, p in enumerate(params) if p.logprobs is not None]
     if not rows:
         return out
-    logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
+    # log_softmax(x)[t] = x[t] - logsumexp(x): one reduction per row, not a vocabulary-wide result
+    sub = logits[rows].float()
+    lse = torch.logsumexp(sub, dim=-1, keepdim=True)
+    chosen = (sub.gather(1, torch.tensor([[tokens[i]] for i in rows])) - lse)[:, 0].tolist()
     top_n = max(params[i].logprobs for i in rows)
-    top_values, top_ids = logprobs.topk(top_n, dim=-1) if top_n else (None, None)
+    top_values, top_ids = sub.topk(top_n, dim=-1) if top_n else (None, None)
+    if top_n:
+        top_values = top_values - lse
     for k, i in enumerate(rows):
         n = params[i].logprobs
         top = ()
         if n:
             top = tuple(zip(top_ids[k, :n].tolist(), top_values[k, :n].tolist(), strict=True))
-        out[i] = TokenLogprob(tokens[i], float(logprobs[k, tokens[i]]), top)
+        out[i] = TokenLogprob(tokens[i], chosen[k], top)
     return out
 
 

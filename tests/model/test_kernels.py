@@ -238,3 +238,19 @@ def test_rope_write_kv_refuses_bad_shapes_and_slots():
         kernels.rope_write_kv(
             torch.randn(2, 5, 48), cos, sin, cache, cache.clone(), torch.tensor([0, 1]), 3, False
         )
+
+
+@pytest.mark.parametrize("vocab", [100, 262144, 49152 + 7])
+def test_mask_logits_by_bitmask_matches_unpacked_bits(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(5, vocab, generator=g)
+    words = (vocab + 31) // 32
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (3, words), generator=g, dtype=torch.int64).to(torch.int32)
+    bitmask[0, : words // 2] = -1  # fully allowed words are skipped
+    rows = torch.tensor([4, 0, 2])
+    expected = logits.clone()
+    bits = ((bitmask.long().unsqueeze(-1) >> torch.arange(32)) & 1).view(3, -1)[:, :vocab].bool()
+    expected[rows] = torch.where(bits, logits[rows], float("-inf"))
+    out = logits.clone()
+    kernels.mask_logits_by_bitmask(out, bitmask, rows)
+    assert torch.equal(out, expected)
