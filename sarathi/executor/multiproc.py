@@ -16,10 +16,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import zmq
 
-import sarathi
 from sarathi.config import EngineConfig
 from sarathi.executor.base import Executor, WorkerFailedError
 from sarathi.executor.messages import StageTiming, StepInput, StepOutput
@@ -176,7 +176,7 @@ class MultiprocExecutor(Executor):
 def _start_worker(spec: WorkerSpec) -> subprocess.Popen:
     """``python -m sarathi.worker`` with ``spec`` on its stdin: a fresh interpreter that imports only
     sarathi, never the main script of this process (see sarathi/worker/__main__.py)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(sarathi.__file__)))
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding the sarathi package
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     process = subprocess.Popen(
         # -P: the working directory does not go first on sys.path, where a stray file could shadow a library.

@@ -1,0 +1,147 @@
+"""The package's layers depend one way: core <- engine <- executor/worker/model <- benchmark <- simulator <-
+entrypoints (the top-level modules such as config.py and sampling_params.py sit with core; sarathi/__init__,
+which re-exports `LLM`, with the entrypoints). Imports are read from the source (AST, lazy imports inside
+functions included), not by grep.
+
+Issue 27 is removing the upward edges and circles that exist; until then they are listed here, exactly, so
+that no new one can appear and a removed one must leave the list (the lists only shrink).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "sarathi"
+LAYERS = {"core": 0, "engine": 1, "executor": 2, "worker": 2, "model": 2}
+LAYERS |= {"benchmark": 3, "simulator": 4, "entrypoints": 5}
+KNOWN_UPWARD_EDGES = {
+    ("sarathi.benchmark.bench_cli", "sarathi.entrypoints.args"),
+    ("sarathi.benchmark.profile_cli", "sarathi.entrypoints.args"),
+    ("sarathi.benchmark.profile_cli", "sarathi.simulator.machine_profile"),
+    ("sarathi.engine.llm_engine", "sarathi.executor"),
+    ("sarathi.engine.llm_engine", "sarathi.executor.messages"),
+    ("sarathi.engine.llm_engine", "sarathi.executor.multiproc"),
+    ("sarathi.engine.llm_engine", "sarathi.executor.step_builder"),
+    ("sarathi.engine.llm_engine", "sarathi.model.kv_cache"),
+    ("sarathi.engine.llm_engine", "sarathi.model.resolve"),
+    ("sarathi.engine.llm_engine", "sarathi.simulator.adaptive_budget"),
+    ("sarathi.engine.llm_engine", "sarathi.simulator.machine_profile"),
+    ("sarathi.engine.output_processor", "sarathi.executor.messages"),
+    ("sarathi.simulator.tune_cli", "sarathi.entrypoints.args"),
+}
+KNOWN_TORCH_IN_CORE_OR_ENGINE = {"sarathi.engine.llm_engine"}
+KNOWN_CIRCLES = {  # the three issue 27 names
+    frozenset({"sarathi.entrypoints.openai.protocol", "sarathi.entrypoints.openai.tool_calls"}),
+    frozenset(
+        {
+            "sarathi.benchmark.bench_cli",
+            "sarathi.entrypoints.args",
+            "sarathi.simulator.auto_budget",
+            "sarathi.simulator.simulate_cli",
+            "sarathi.simulator.tune_cli",
+        }
+    ),
+    frozenset(
+        {"sarathi.benchmark.profiler", "sarathi.engine.llm_engine", "sarathi.simulator.machine_profile"}
+    ),
+}
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] == "__main__":
+        return 5
+    return LAYERS.get(parts[1], 0)
+
+
+def _imports() -> dict[str, set[str]]:
+    """Each sarathi module -> the sarathi modules (and torch) it imports anywhere in its source."""
+    modules = {_module(p) for p in ROOT.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        targets = graph.setdefault(_module(path), set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:  # `from sarathi.x import y` imports module sarathi.x.y if it is one
+                    full = f"{node.module}.{alias.name}"
+                    targets.add(full if full in modules else node.module)
+    return {
+        m: {t for t in ts if t.startswith("sarathi") or t.split(".")[0] == "torch"} for m, ts in graph.items()
+    }
+
+
+def _circles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
+    """Strongly connected sets of more than one module (Tarjan), iteratively."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: set[frozenset[str]] = set()
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in graph:
+                    continue
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.add(frozenset(component))
+    return found
+
+
+def test_no_new_upward_import() -> None:
+    graph = _imports()
+    upward = {
+        (a, b) for a, bs in graph.items() for b in bs if b.startswith("sarathi") and _layer(b) > _layer(a)
+    }
+    assert upward - KNOWN_UPWARD_EDGES == set(), "new imports against the layer order"
+    assert KNOWN_UPWARD_EDGES - upward == set(), "an upward import is gone: remove it from the list"
+
+
+def test_no_new_torch_in_core_or_engine() -> None:
+    torchy = {
+        m for m, ts in _imports().items() if _layer(m) <= 1 and any(t.split(".")[0] == "torch" for t in ts)
+    }
+    assert torchy == KNOWN_TORCH_IN_CORE_OR_ENGINE
+
+
+def test_no_new_import_circle() -> None:
+    graph = {m: {t for t in ts if t.startswith("sarathi")} for m, ts in _imports().items()}
+    circles = _circles(graph)
+    new = [c for c in circles if not any(c <= known for known in KNOWN_CIRCLES)]
+    assert not new, f"new import circles: {[sorted(c) for c in new]}"
+    gone = [k for k in KNOWN_CIRCLES if not any(c & k for c in circles)]
+    assert not gone, f"a listed circle is gone: remove it from the list: {[sorted(k) for k in gone]}"
