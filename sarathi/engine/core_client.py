@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
@@ -25,7 +25,6 @@ from sarathi.engine.core_messages import (
     CoreOutputs,
     EngineFailed,
     EngineReady,
-    EngineSnapshot,
     Rejection,
     Shutdown,
 )
@@ -68,12 +67,6 @@ class RequestStream:
         self._get: asyncio.Future | None = None
         self.finished = False
 
-    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        while not self.finished:
-            delta = await self.next()
-            if delta is not None:
-                yield delta
-
     async def next(self, timeout: float | None = None) -> RequestOutput | None:
         """The next output, or None if none came within ``timeout`` seconds; raises EngineDeadError."""
         # A get that timed out stays pending for the next call: cancelling it could drop a delta.
@@ -104,9 +97,7 @@ class EngineCoreClient:
         self.config = config
         self.max_waiting = max_waiting
         self.restart_on_failure = restart_on_failure
-        self.num_restarts = 0
         self.ready: EngineReady | None = None
-        self.snapshot: EngineSnapshot | None = None
         self.dead_reason: str | None = None
         self.on_outputs: Callable[[CoreOutputs], None] | None = None
         self._pending: dict[str, _Pending] = {}
@@ -193,10 +184,6 @@ class EngineCoreClient:
         self._dir.cleanup()
 
     @property
-    def pid(self) -> int | None:
-        return None if self._process is None else self._process.pid
-
-    @property
     def is_healthy(self) -> bool:
         return (
             self.dead_reason is None
@@ -265,8 +252,6 @@ class EngineCoreClient:
             pending.outputs.put_nowait(output)
             if output.finished:
                 del self._pending[output.request_id]
-        if out.snapshot is not None:
-            self.snapshot = out.snapshot
         if self.on_outputs is not None:
             self.on_outputs(out)
 
@@ -299,7 +284,6 @@ class EngineCoreClient:
         except RuntimeError as e:
             print(f"sarathi serve: the engine core could not be restarted: {e}", flush=True)
             return
-        self.num_restarts += 1
         self.dead_reason = None
         print(f"sarathi serve: engine core restarted (pid {ready.pid})", flush=True)
 
