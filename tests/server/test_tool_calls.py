@@ -232,7 +232,7 @@ def test_tools_alone_work_on_a_default_server(openai_client, model_name):
 
 def test_parallel_tool_calls_false_gives_exactly_one_call(openai_client, model_name):
     base = {"model": model_name, "messages": MANY, "tools": TOOLS, "max_tokens": 80}
-    # "required" at seed 2 writes three calls (seeds 0-7: 1, 1, 3, 1, 3, 1, 3, 1); the grammar then allows one.
+    # "required" at seed 2 writes three calls (seeds 0-7: 1, 1, 3, 1, 3, 1, 3, 1); the grammar allows one.
     many = openai_client.chat.completions.create(tool_choice="required", temperature=1.0, seed=2, **base)
     assert len(many.choices[0].message.tool_calls) > 1
     one = openai_client.chat.completions.create(
