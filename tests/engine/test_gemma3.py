@@ -10,12 +10,13 @@ NEAR_TIE).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-import warnings
 
 import pytest
 import torch
+from near_ties import check_same
 
 from sarathi import LLM, SamplingParams
 from sarathi.model.embedded import cache_root
@@ -72,7 +73,8 @@ def build_prompts(gemma_path: str) -> list[list[int]]:
     return out
 
 
-def _hf_model(gemma_path):
+@functools.cache
+def _hf_model(gemma_path: str):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(gemma_path, dtype=torch.float32).eval()
@@ -105,25 +107,7 @@ def reference(gemma_path, prompts) -> list[list[int]]:
 
 
 def _check_same(prompts, expected, got, gemma_path, label: str, near_tie: float = NEAR_TIE) -> int:
-    """Assert equal token ids except after a proven near-tie; returns how many prompts diverged."""
-    diverged, hf = 0, None
-    for i, (prompt, exp, out) in enumerate(zip(prompts, expected, got, strict=True)):
-        assert len(out) == len(exp), f"{label}: prompt {i} produced {len(out)} tokens"
-        diff = next((j for j, (a, b) in enumerate(zip(exp, out, strict=True)) if a != b), None)
-        if diff is None:
-            continue
-        hf = hf or _hf_model(gemma_path)
-        with torch.inference_mode():
-            logits = hf(torch.tensor([prompt + exp[:diff]])).logits[0, -1]
-        top2 = torch.topk(logits, 2)
-        gap = float(top2.values[0] - top2.values[1])
-        assert {exp[diff], out[diff]} == set(top2.indices.tolist()) and gap < near_tie, (
-            f"{label}: prompt {i} differs at step {diff}: expected {exp[diff]}, got {out[diff]}; "
-            f"top-2 {top2.indices.tolist()} gap {gap:.2e} is no near-tie"
-        )
-        warnings.warn(f"{label}: prompt {i} took the other side of a near-tie (gap {gap:.1e})", stacklevel=2)
-        diverged += 1
-    return diverged
+    return check_same(prompts, expected, got, lambda: _hf_model(gemma_path), label, near_tie)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import copy
 import inspect
-import warnings
 
 import numpy as np
 import pytest
 import torch
+from near_ties import check_same
 
 from sarathi import LLM, SamplingParams
 
@@ -119,25 +119,7 @@ def reference(prompts, plain_llm) -> list[list[int]]:
 
 
 def _check_same(prompts, expected, got, hf_model, label: str, near_tie: float = NEAR_TIE) -> int:
-    """Assert equal token ids, except after a proven near-tie; returns how many prompts diverged."""
-    diverged = 0
-    for i, (prompt, exp, out) in enumerate(zip(prompts, expected, got, strict=True)):
-        assert len(out) == len(exp), f"{label}: prompt {i} produced {len(out)} tokens, expected {len(exp)}"
-        diff = next((j for j, (a, b) in enumerate(zip(exp, out, strict=True)) if a != b), None)
-        if diff is None:
-            continue
-        with torch.inference_mode():
-            logits = hf_model(torch.tensor([prompt + exp[:diff]])).logits[0, -1]
-        top2 = torch.topk(logits, 2)
-        gap = float(top2.values[0] - top2.values[1])
-        assert {exp[diff], out[diff]} == set(top2.indices.tolist()) and gap < near_tie, (
-            f"{label}: prompt {i} (length {len(prompt)}) differs at output step {diff}: "
-            f"expected {exp[diff]}, got {out[diff]}; "
-            f"top-2 {top2.indices.tolist()} gap {gap:.2e} is no near-tie"
-        )
-        warnings.warn(f"{label}: prompt {i} took the other side of a near-tie (gap {gap:.1e})", stacklevel=2)
-        diverged += 1
-    return diverged
+    return check_same(prompts, expected, got, lambda: hf_model, label, near_tie)
 
 
 def test_prompt_set_is_mixed(prompts):

@@ -51,20 +51,7 @@ SMALL_QWEN2: dict[str, Any] = {
     "rope_theta": 1000000.0,
     "tie_word_embeddings": False,
 }
-SMALL_QWEN3: dict[str, Any] = {
-    "model_type": "qwen3",
-    "vocab_size": 300,
-    "hidden_size": 64,
-    "intermediate_size": 160,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "max_position_embeddings": 512,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0,
-    "tie_word_embeddings": False,
-}
+SMALL_QWEN3: dict[str, Any] = {**SMALL_QWEN2, "model_type": "qwen3", "head_dim": 32}  # no biases, QK-norm
 # Gemma 3 at a small window, so that 100-token prompts in chunks of 1-64 cross it; one kv head as in the
 # 270M model, a query_pre_attn_scalar unlike head_dim, and final logit soft-capping exercised.
 SMALL_GEMMA3: dict[str, Any] = {
