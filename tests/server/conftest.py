@@ -47,7 +47,8 @@ def pid_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
+        # The process went away between the signal and the read (reading a vanished /proc entry is ESRCH).
         return False
 
 
