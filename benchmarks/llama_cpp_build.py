@@ -138,17 +138,28 @@ def ensure_llama_cpp(version: str = LLAMA_CPP_PYTHON_VERSION, niceness: int = 10
 
 
 def ensure_bf16_gguf(version: str = LLAMA_CPP_PYTHON_VERSION, log=print) -> Path:
-    """The embedded Q4_1 GGUF requantized to BF16 (what sarathi serves from it), made once."""
+    """The embedded Q4_1 GGUF requantized to BF16 (what sarathi serves from it by default), made once."""
+    return ensure_gguf("BF16", version=version, log=log)
+
+
+def ensure_gguf(
+    quant: str, src: Path | None = None, version: str = LLAMA_CPP_PYTHON_VERSION, log=print
+) -> Path:
+    """`src` (default: the embedded Q4_1 GGUF) requantized by llama-quantize to `quant` (BF16, Q8_0, Q4_K_M,
+    ...), made once; `src` itself when it already is that type."""
     from sarathi.model.embedded import embedded_gguf_path
 
-    src = embedded_gguf_path()
-    out = llama_cpp_dir(version) / f"{src.stem.rsplit('.', 1)[0]}.BF16.gguf"
+    src = src or embedded_gguf_path()
+    stem, _, shipped = src.stem.rpartition(".")
+    if shipped == quant:
+        return src
+    out = llama_cpp_dir(version) / f"{stem or src.stem}.{quant}.gguf"
     if out.is_file():
         return out
     ensure_llama_cpp(version, log=log)
     tmp = out.with_suffix(".tmp.gguf")
     subprocess.run(
-        [str(binary("llama-quantize", version)), "--allow-requantize", str(src), str(tmp), "BF16"],
+        [str(binary("llama-quantize", version)), "--allow-requantize", str(src), str(tmp), quant],
         check=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

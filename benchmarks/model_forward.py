@@ -2,7 +2,10 @@
 
 Prefill: one sequence of T tokens from position 0 (logits of the last token only).
 Decode: B sequences, one new token each, every sequence with CONTEXT tokens already cached.
-Precisions: float32; bfloat16 (bf16 weights and KV cache, fp32 math); bf16-math (--compute-dtype bfloat16).
+Precisions: float32; bfloat16 (bf16 weights and KV cache, fp32 math); bf16-math (--compute-dtype bfloat16);
+and GGUF quantizations served in their own blocks (--quantization gguf; bf16 activations and KV cache): Q4_1
+(the file as shipped), Q8_0 and Q4_K_M (requantized from it by llama.cpp's llama-quantize, which needs
+--llama-cpp's build). Pick with --precisions (default: float32,bfloat16,bf16-math,Q4_1).
 HF decode uses a DynamicCache pre-filled with random K/V of the same length, cropped back after each step.
 
 Floors, measured in the same run: bytes floor = bytes read (weights, plus K/V for decodes) / measured read
@@ -13,8 +16,8 @@ Each number is the median of REPS repetitions; a repetition is repeated (up to 5
 used more than 8% of the machine during it (this machine's cores are shared), and the worst foreign load
 accepted is printed. With --llama-cpp, llama.cpp's own benchmarks (llama-bench, llama-batched-bench; see
 benchmarks/llama_cpp_kernels.py) time the same prefill and decode shapes on the BF16 GGUF of the same
-weights in the same run, beside the serving default (bf16-math).
-Run: .venv/bin/python -m benchmarks.model_forward [--quick] [--no-hf] [--llama-cpp]
+weights in the same run, beside bf16-math, and on each quantized file beside ours on that same file.
+Run: .venv/bin/python -m benchmarks.model_forward [--quick] [--no-hf] [--llama-cpp] [--precisions ...]
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from sarathi.model import (
     embedded_model_path,
     load_model,
 )
+from sarathi.model.linear import Linear
 
 BLOCK_SIZE = 16
 CONTEXT = 512
@@ -44,19 +48,14 @@ DECODE_BATCHES = (1, 8, 32)
 MIXED_CHUNK, MIXED_CHUNK_START, MIXED_DECODES = 64, 256, 16
 MAX_FOREIGN_LOAD = 0.08
 MIN_REP_SECONDS = 0.2
-# (weights and KV cache, matmul arithmetic)
-PRECISIONS = (
-    (torch.float32, torch.float32),
-    (torch.bfloat16, torch.float32),
-    (torch.bfloat16, torch.bfloat16),
-)
-
-
-def precision_name(dtype: torch.dtype, compute: torch.dtype) -> str:
-    """'float32', 'bfloat16' (bf16 weights and KV cache, fp32 math) or 'bf16-math'."""
-    if dtype == compute == torch.bfloat16:
-        return "bf16-math"
-    return str(dtype).removeprefix("torch.")
+# name -> (weights and KV cache, matmul arithmetic)
+PRECISIONS = {
+    "float32": (torch.float32, torch.float32),
+    "bfloat16": (torch.bfloat16, torch.float32),
+    "bf16-math": (torch.bfloat16, torch.bfloat16),
+}
+QUANTIZED = ("Q4_1", "Q8_0", "Q4_K_M")  # GGUF files of the embedded weights; Q4_1 is the one shipped
+DEFAULT_PRECISIONS = "float32,bfloat16,bf16-math,Q4_1"
 
 
 def timed(fn: Callable[[], object], reps: int) -> tuple[float, float]:
@@ -114,8 +113,11 @@ def machine_rates() -> dict[str, float]:
     return rates
 
 
-def floor_seconds(arch, dtype, compute, case: str, tokens: int, rates: dict[str, float]) -> float:
-    """The larger of the bytes floor and the compute floor of one case (see the module docstring)."""
+def floor_seconds(
+    arch, dtype, compute, case: str, tokens: int, rates: dict[str, float], linear_bytes: int | None = None
+) -> float:
+    """The larger of the bytes floor and the compute floor of one case (see the module docstring);
+    `linear_bytes` replaces the linear layers' weight bytes (a quantized model's)."""
     h, hd, layers = arch.hidden_size, arch.head_dim, arch.num_hidden_layers
     heads, kv_heads = arch.num_attention_heads, arch.num_key_value_heads
     per_layer = h * (heads + 2 * kv_heads) * hd + heads * hd * h + 3 * h * arch.intermediate_size
@@ -127,6 +129,8 @@ def floor_seconds(arch, dtype, compute, case: str, tokens: int, rates: dict[str,
         decodes, chunk, chunk_start = MIXED_DECODES, MIXED_CHUNK, MIXED_CHUNK_START
     logit_rows = decodes + (1 if chunk else 0)
     weight_bytes = (layers * per_layer + h * arch.vocab_size) * elsize
+    if linear_bytes is not None:
+        weight_bytes = linear_bytes
     kv_bytes = (decodes * CONTEXT + (chunk_start if chunk else 0)) * layers * kv_heads * hd * 2 * elsize
     flops = 2 * layers * per_layer * tokens + 2 * h * arch.vocab_size * logit_rows
     # q.k and p.v: 4 FLOPs per (query, key, head dim); a chunk's queries see the cached keys and half its own
@@ -209,27 +213,28 @@ def hf_decode(hf, arch, dtype, batch: int) -> Callable[[], object]:
     return run
 
 
-def compare_llama_cpp(rows: list[dict], reps: int) -> dict:
-    """Time llama.cpp at our prefill and decode shapes and add its ms, and ours / its, to the rows of the
-    serving default (bf16-math); returns what was run, for the record."""
-    from benchmarks.llama_cpp_build import (
-        binary,
-        build_info,
-        ensure_bf16_gguf,
-        ensure_llama_cpp,
-        llama_cpp_version,
-    )
+def gguf_file(name: str):
+    """The GGUF file a precision runs on with llama.cpp: BF16 for bf16-math, else the named quantization."""
+    from benchmarks.llama_cpp_build import ensure_gguf
+
+    return ensure_gguf("BF16" if name == "bf16-math" else name)
+
+
+def compare_llama_cpp(rows: list[dict], reps: int, name: str) -> dict:
+    """Time llama.cpp at our prefill and decode shapes on precision `name`'s GGUF file and add its ms, and
+    ours / its, to that precision's rows; returns what was run, for the record."""
+    from benchmarks.llama_cpp_build import binary, build_info, ensure_llama_cpp, llama_cpp_version
     from benchmarks.llama_cpp_kernels import decode_times, prefill_times
 
     ensure_llama_cpp()
-    gguf = ensure_bf16_gguf()
+    gguf = gguf_file(name)
     threads = torch.get_num_threads()
     times = prefill_times(binary("llama-bench"), gguf, list(PREFILL_TOKENS), threads, reps, MAX_FOREIGN_LOAD)
     times += decode_times(
         binary("llama-batched-bench"), gguf, list(DECODE_BATCHES), CONTEXT, threads, reps, MAX_FOREIGN_LOAD
     )
-    ours = {r["case"]: r for r in rows if r["dtype"] == "bf16-math"}
-    print(f"llama.cpp ({llama_cpp_version()}, {gguf.name}, -t {threads}) vs ours (bf16-math):")
+    ours = {r["case"]: r for r in rows if r["dtype"] == name}
+    print(f"llama.cpp ({llama_cpp_version()}, {gguf.name}, -t {threads}) vs ours ({name}):")
     for t in times:
         row = ours[t.case]
         row |= {"llama_cpp_ms": t.ms, "llama_cpp_foreign_load": t.foreign_load}
@@ -255,7 +260,16 @@ def main() -> None:
     parser.add_argument(
         "--llama-cpp", action="store_true", help="also time llama.cpp (built once) at the same shapes"
     )
+    parser.add_argument(
+        "--precisions",
+        default=DEFAULT_PRECISIONS,
+        help=f"comma-separated, from {', '.join([*PRECISIONS, *QUANTIZED])} (default {DEFAULT_PRECISIONS})",
+    )
     args = parser.parse_args()
+    names = args.precisions.split(",")
+    unknown = [n for n in names if n not in PRECISIONS and n not in QUANTIZED]
+    if unknown:
+        parser.error(f"unknown precisions: {', '.join(unknown)}")
     reps = 3 if args.quick else 5
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, block_size {BLOCK_SIZE}, "
@@ -267,15 +281,25 @@ def main() -> None:
         f"{rates['float32_flops'] / 1e9:.0f} GFLOP/s, bf16 {rates['bfloat16_flops'] / 1e9:.0f} GFLOP/s"
     )
     rows = []
-    for dtype, compute in PRECISIONS:
-        model, arch, _ = load_model(None, dtype=dtype, compute_dtype=compute)
+    for name in names:
+        quantized = name in QUANTIZED
+        dtype, compute = PRECISIONS["bf16-math" if quantized else name]
+        if quantized:  # served from the file's own blocks
+            path = None if name == "Q4_1" else str(gguf_file(name))
+            model, arch, _ = load_model(path, dtype=dtype, compute_dtype=compute, quantization="gguf")
+        else:
+            model, arch, _ = load_model(None, dtype=dtype, compute_dtype=compute)
+        linear_bytes = None
+        if quantized:
+            linear_bytes = sum(m.weight_bytes for m in model.modules() if isinstance(m, Linear))
+            formats = ", ".join(model.quantized_layers())
+            print(f"{name}: linear layers {linear_bytes / 1e6:.1f} MB ({formats})")
         hf = None
-        if not args.no_hf:  # transformers computing in our compute dtype
+        if not args.no_hf and not quantized:  # transformers computing in our compute dtype
             from transformers import LlamaForCausalLM as HFLlama
 
             hf = HFLlama.from_pretrained(embedded_model_path(), attn_implementation="eager", dtype=compute)
             hf.eval()
-        name = precision_name(dtype, compute)
         cases = [
             (f"prefill T={t}", ours_prefill(model, arch, dtype, t), hf and hf_prefill(hf, arch, t), t)
             for t in PREFILL_TOKENS
@@ -294,7 +318,7 @@ def main() -> None:
         )
         for label, ours_fn, hf_fn, tokens in cases:
             ours_s, ours_load = timed(ours_fn, reps)
-            floor = floor_seconds(arch, dtype, compute, label, tokens, rates)
+            floor = floor_seconds(arch, dtype, compute, label, tokens, rates, linear_bytes)
             row = {
                 "dtype": name,
                 "case": label,
@@ -316,7 +340,8 @@ def main() -> None:
         del model, hf
     settings = {"reps": reps, "block_size": BLOCK_SIZE, "decode_context": CONTEXT, "rates": rates}
     if args.llama_cpp:
-        settings["llama_cpp"] = compare_llama_cpp(rows, reps)
+        compared = [name for name in names if name == "bf16-math" or name in QUANTIZED]
+        settings["llama_cpp"] = {name: compare_llama_cpp(rows, reps, name) for name in compared}
     print(f"saved {save_result('model_forward', rows, settings)}")
 
 

@@ -18,6 +18,8 @@ COMPUTE_DTYPES = ("auto", *DTYPES)
 EXECUTOR_BACKENDS = ("mp", "ray")
 # "auto": by path (.gguf, else a safetensors folder); "dummy": random weights for a config (no checkpoint).
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+# Weight quantizations (vLLM's names): none (dequantize to `dtype`), gguf (a GGUF file's own blocks)
+QUANTIZATIONS = ("none", "gguf")
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,9 @@ class ModelConfig:
     KV cache are stored in; ``compute_dtype`` what matmuls compute in: float32, or bfloat16 with bfloat16
     weights (bf16 inputs, float32 accumulation: 2-3x faster, within 1.3x of that scheme's rounding floor),
     or 'auto' (the default: bfloat16 where our bf16 kernel runs, else float32). float32 everywhere is the
-    exact setting (``dtype='float32'``).
+    exact setting (``dtype='float32'``). ``quantization`` 'gguf' keeps a GGUF file's quantized linear layers
+    in the file's bytes (our quantized kernel: the file's exact weights times bf16 activations, float32 sums;
+    needs ``dtype='bfloat16'``); 'none' dequantizes them to ``dtype``.
     """
 
     model: str | None = None
@@ -137,6 +141,7 @@ class ModelConfig:
     max_model_len: int | None = None
     seed: int = 0
     hf_config: dict | None = None
+    quantization: str = "none"
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:
@@ -150,6 +155,12 @@ class ModelConfig:
             )
         if self.compute_dtype == "bfloat16" and self.dtype != "bfloat16":
             raise ValueError("compute_dtype 'bfloat16' needs dtype 'bfloat16' (bf16 math reads bf16 weights)")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"unknown quantization {self.quantization!r}; choose one of: {', '.join(QUANTIZATIONS)}"
+            )
+        if self.quantization == "gguf" and (self.dtype != "bfloat16" or self.compute_dtype == "float32"):
+            raise ValueError("quantization 'gguf' computes with bf16 activations: it needs dtype 'bfloat16'")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 
@@ -216,6 +227,7 @@ def engine_config(
     dtype: str = "bfloat16",
     compute_dtype: str = "auto",
     load_format: str = "auto",
+    quantization: str = "none",
     max_model_len: int | None = None,
     hf_config: dict | None = None,
     seed: int = 0,
@@ -234,6 +246,7 @@ def engine_config(
             load_format=load_format,
             dtype=dtype,
             compute_dtype=compute_dtype,
+            quantization=quantization,
             max_model_len=max_model_len,
             seed=seed,
             hf_config=hf_config,

@@ -11,6 +11,7 @@ from sarathi.config import (
     DTYPES,
     EXECUTOR_BACKENDS,
     LOAD_FORMATS,
+    QUANTIZATIONS,
     SCHEDULER_NAMES,
     ChunkSchedule,
     EngineConfig,
@@ -34,6 +35,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         choices=COMPUTE_DTYPES,
         help="matmul arithmetic: bfloat16 (bf16 inputs, fp32 accumulation; needs --dtype bfloat16), float32, "
         "or auto (bfloat16 where our AVX512-BF16 kernel runs, else float32)",
+    )
+    m.add_argument(
+        "--quantization",
+        default="none",
+        choices=QUANTIZATIONS,
+        help="gguf: serve a GGUF file's quantized layers in its own bytes (bf16 activations, fp32 sums); "
+        "none: dequantize them to --dtype",
     )
     m.add_argument("--max-model-len", type=int, default=None)
     m.add_argument("--seed", type=int, default=0)
@@ -142,6 +150,7 @@ def _engine_config(args: argparse.Namespace, token_budget: int) -> EngineConfig:
         load_format=args.load_format,
         dtype=args.dtype,
         compute_dtype=args.compute_dtype,
+        quantization=args.quantization,
         max_model_len=args.max_model_len,
         seed=args.seed,
         block_size=args.block_size,

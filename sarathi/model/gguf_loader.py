@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from sarathi.model.config import ModelArchConfig
+from sarathi.model.quantized import FORMATS, QuantizedTensor
 from sarathi.model.safetensors_folder import MissingTensorError
 from sarathi.model.weight_parts import TensorPart
 
@@ -152,6 +153,27 @@ class GGUFCheckpoint:
             elif ".self_attn.k_proj." in hf_name:
                 tensor = unpermute_rotary_rows(tensor, self.hf_config["num_key_value_heads"])
         return tensor
+
+    def quantized(self, part: TensorPart) -> QuantizedTensor | None:
+        """The part as the file's quantized blocks (HF row order), or None where its type has no quantized
+        kernel (F32, F16, ...) or the part cuts through blocks: those are dequantized instead."""
+        t = self._by_hf_name.get(part.name)
+        if t is None:
+            raise MissingTensorError(f"tensor {part.name!r} not found in {self.path}")
+        if t.tensor_type.name not in FORMATS or len(t.shape) != 2:
+            return None
+        rows, cols = int(t.shape[1]), int(t.shape[0])
+        part.check_shape((rows, cols))
+        blocks = torch.from_numpy(np.array(t.data, dtype=np.uint8, copy=True).reshape(rows, -1))
+        q = QuantizedTensor(t.tensor_type.name, rows, cols, blocks)
+        if self.architecture == "llama":
+            heads = {".self_attn.q_proj.": "num_attention_heads", ".self_attn.k_proj.": "num_key_value_heads"}
+            for key, count in heads.items():
+                if key in part.name:
+                    q = q.permute_rows(unpermute_rotary_rows(torch.arange(rows), self.hf_config[count]))
+        if part.dim is None:
+            return q
+        return q.row_slice(part.start, part.end) if part.dim == 0 else q.col_slice(part.start, part.end)
 
     def fetch(self, part: TensorPart) -> torch.Tensor:
         """One part of a tensor. GGUF blocks are quantized (and q/k rows permuted) over whole rows, so this

@@ -10,6 +10,8 @@
 - `silu_mul_bf16`, `add_rms_norm_bf16`: a bf16-math layer's elementwise steps fused, one pass each
   (`csrc/elementwise.cpp`).
 - `rope_write_kv`: RoPE on q and k and the KV-cache write of k and v, one pass over qkv (`csrc/rope_kv.cpp`).
+- `quant_gemm`: x @ W^T for a weight kept in its GGUF quantization, codes decoded to bf16 in registers,
+  float32 sums (`csrc/quant_gemm.cpp`, layout from `sarathi/model/quantized.py`).
 - `mask_logits_by_bitmask`: structured outputs' packed token bitmask applied to logit rows in place
   (`csrc/token_bitmask.cpp`).
 
@@ -30,6 +32,7 @@ from pathlib import Path
 import torch
 
 from sarathi.model.embedded import cache_root
+from sarathi.model.quantized import PackedQuant
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +98,12 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.T
     """x [..., K] (bf16, or float32 rounded to bf16) times the packed weight, + bias: float32 [..., N]."""
     y = torch.ops.sarathi_kernels.bf16_gemm(x.reshape(-1, x.shape[-1]), packed, out_features, bias)
     return y.view(*x.shape[:-1], out_features)
+
+
+def quant_gemm(x: torch.Tensor, w: PackedQuant, out: torch.Tensor) -> None:
+    """out (float32 [M, w.rows], rows may be strided) = x [M, w.cols] (bf16, or float32 rounded to bf16)
+    times the quantized weight's transpose."""
+    torch.ops.sarathi_kernels.quant_gemm(x, w.codes, w.d, w.sc, w.dm, w.mc, w.bits, w.sub, w.zero, out)
 
 
 def decode_attention(

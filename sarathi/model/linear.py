@@ -12,6 +12,8 @@
   fp16's range (bf16 has fewer significand bits), so this kernel computes exactly x @ W_bf16^T in fp32,
   at fp32 GEMM speed with half the weight bytes (faster than fp32 for one row: decode is bandwidth-bound).
   FBGEMM pads the input dimension to a multiple of 512 (a 576-wide layer is stored 1024 wide).
+- GGUF-quantized weights (`load_quantized`): our quantized kernel over the file's blocks, in row segments
+  (a fused layer may join parts of different formats), bf16 inputs, float32 sums and output.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sarathi.model import kernels
+from sarathi.model import kernels, quantized
 
 # Largest |weight| the fp16 container is scaled to: a power of two below fp16's max (65504), high enough that
 # the layer's weights sit far above fp16's subnormal range (< 6.1e-5), which would drop bf16 bits.
@@ -87,21 +89,67 @@ class Linear(nn.Module):
         self._bf16_packed: torch.Tensor | None = None  # bf16_gemm's layout
         self._fp16_packed: object | None = None  # FBGEMM fp16 container (weight / scale, bias / scale)
         self._fp16_scale = 1.0
+        self._quant: list[tuple[int, quantized.PackedQuant]] = []  # (first output row, weight) segments
+        self._formats: list[str] = []
 
     @property
     def is_packed(self) -> bool:
         """True once the weight lives only in a kernel's packed layout."""
-        return self._packed is not None or self._fp16_packed is not None or self._bf16_packed is not None
+        packed = self._packed is not None or self._fp16_packed is not None or self._bf16_packed is not None
+        return packed or bool(self._quant)
 
     @property
     def output_dtype(self) -> torch.dtype:
-        """What `forward` returns: float32 from the bf16 kernel, else the compute dtype."""
-        return torch.float32 if self._bf16_packed is not None else self.compute_dtype
+        """What `forward` returns: float32 from the bf16 and quantized kernels, else the compute dtype."""
+        return torch.float32 if self._bf16_packed is not None or self._quant else self.compute_dtype
+
+    @property
+    def quantized_formats(self) -> list[str]:
+        """The GGUF formats of the quantized segments (empty for a plain weight)."""
+        return sorted(set(self._formats))
+
+    @property
+    def weight_bytes(self) -> int:
+        """Resident bytes of the weight as this layer holds it."""
+        if self._quant:
+            return sum(p.nbytes for _, p in self._quant)
+        for t in (self._bf16_packed, self._packed, self.weight):
+            if t is not None:
+                return t.numel() * t.element_size()
+        return 0
+
+    def load_quantized(self, parts: list[quantized.QuantizedTensor]) -> None:
+        """Keep the weight as these quantized row blocks (stacked in order), never dequantized; needs our
+        kernels. Consecutive parts of one format share a kernel call."""
+        if not kernels.available():
+            raise RuntimeError("quantized weights need sarathi's CPU kernels, which are unavailable here")
+        merged: list[quantized.QuantizedTensor] = []
+        for part in parts:
+            if part.cols != self.in_features:
+                raise ValueError(f"quantized part has {part.cols} columns, the layer {self.in_features}")
+            if merged and merged[-1].qtype == part.qtype:
+                last = merged.pop()
+                part = quantized.QuantizedTensor(
+                    part.qtype, last.rows + part.rows, part.cols, torch.cat([last.blocks, part.blocks])
+                )
+            merged.append(part)
+        rows = sum(p.rows for p in merged)
+        if rows != self.out_features:
+            raise ValueError(f"quantized parts have {rows} rows, the layer {self.out_features} outputs")
+        row, self._quant, self._formats = 0, [], [p.qtype for p in merged]
+        for part in merged:
+            self._quant.append((row, quantized.pack(quantized.unpack(part))))
+            row += part.rows
+        self.weight = None
+        if self.bias is not None:
+            self.bias = nn.Parameter(self.bias.detach().float(), requires_grad=False)
 
     def pack(self) -> bool:
         """Move the weight into the fast kernel's layout and drop the plain copy; False (no-op) where no
         such kernel exists here."""
         w = self.weight
+        if self._quant:
+            return True
         if w is None:
             return False
         if w.dtype == self.compute_dtype == torch.bfloat16 and _bf16_kernel_serves(w):
@@ -130,6 +178,14 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the layer to x [..., in_features] (in the compute dtype)."""
+        if self._quant:
+            x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)  # once for all segments
+            y = torch.empty(x2.shape[0], self.out_features, dtype=torch.float32, device=x.device)
+            for row, w in self._quant:
+                kernels.quant_gemm(x2, w, y[:, row : row + w.rows])
+            if self.bias is not None:
+                y += self.bias
+            return y.view(*x.shape[:-1], self.out_features)
         if self._bf16_packed is not None:
             return kernels.gemm(x, self._bf16_packed, self.out_features, self.bias)
         if self._packed is not None:
@@ -148,4 +204,5 @@ class Linear(nn.Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}, compute_dtype={self.compute_dtype}, packed={self.is_packed}"
+            + (f", quantized={'+'.join(self._formats)}" if self._quant else "")
         )

@@ -28,7 +28,7 @@ from sarathi.model.linear import Linear
 from sarathi.model.paged_attention import CacheReadPlan, GatherWorkspace, paged_attention, plan_cache_reads
 from sarathi.model.parallel import WHOLE_MODEL, ShardSpec, TensorParallelGroup
 from sarathi.model.rope import apply_rope, rope_cos_sin, rope_inv_freq
-from sarathi.model.weight_parts import Fetch, TensorPart
+from sarathi.model.weight_parts import Fetch, QuantizedFetch, TensorPart
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 # Attention computes in float32 at every model dtype, over K/V read as the cache stores them. With bf16 math,
@@ -383,12 +383,29 @@ class LlamaForCausalLM(nn.Module):
         return [TensorPart.of(f"{hf}mlp.down_proj.weight", 1, c0, c1, inter)]
 
     @torch.no_grad()
-    def load_hf_weights(self, fetch: Fetch) -> None:
+    def load_hf_weights(self, fetch: Fetch, quantized: QuantizedFetch | None = None) -> None:
         """Fill every parameter from parts of HF tensors; `fetch(part)` returns that part (any dtype) or
-        raises KeyError. Only this shard's slices are requested."""
+        raises KeyError. Only this shard's slices are requested.
+
+        With `quantized`, a linear layer whose parts it all returns (not None) keeps them quantized; the
+        others, the embedding and the norms are fetched as values. A tied LM head is quantized from the
+        embedding's blocks (the embedding itself stays a table of values)."""
         params = dict(self.named_parameters())
-        for name, parts in self.hf_weight_sources().items():
-            param = params[name]
+        modules = dict(self.named_modules())
+        sources = self.hf_weight_sources()
+        tied_here = self.arch.tie_word_embeddings and "lm_head.weight" not in sources
+        if quantized is not None and tied_here and self.lm_head is not None:
+            sources["lm_head.weight"] = [TensorPart("model.embed_tokens.weight")]
+        for name, parts in sources.items():
+            module = modules.get(name.rpartition(".")[0])
+            if quantized is not None and isinstance(module, Linear) and name.endswith(".weight"):
+                blocks = [quantized(p) for p in parts]
+                if all(b is not None for b in blocks):
+                    module.load_quantized(blocks)
+                    continue
+            param = params.get(name)
+            if param is None:  # the tied LM head, not quantizable: it stays the embedding
+                continue
             tensor = torch.cat([fetch(p) for p in parts]) if len(parts) > 1 else fetch(parts[0])
             if "norm" in name and self.arch.norm_weight_offset:  # Gemma's checkpoints store scale - 1
                 tensor = tensor.float() + self.arch.norm_weight_offset
@@ -398,6 +415,15 @@ class LlamaForCausalLM(nn.Module):
                     f"expected {tuple(param.shape)}"
                 )
             param.copy_(tensor)
+
+    def quantized_layers(self) -> dict[str, list[str]]:
+        """Names of the linear layers kept quantized, by the formats they hold."""
+        found: dict[str, list[str]] = {}
+        for name, module in self.named_modules():
+            if isinstance(module, Linear):
+                for qtype in module.quantized_formats:
+                    found.setdefault(qtype, []).append(name)
+        return found
 
     def pack_weights(self) -> None:
         """Switch every linear layer to pre-packed oneDNN weights where supported (irreversible)."""

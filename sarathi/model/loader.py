@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import Any
 
 import torch
@@ -10,6 +11,7 @@ import torch
 from sarathi.model import kernels
 from sarathi.model.config import ModelArchConfig
 from sarathi.model.gguf_loader import GGUFCheckpoint
+from sarathi.model.linear import Linear
 from sarathi.model.llama import LlamaForCausalLM
 from sarathi.model.parallel import WHOLE_MODEL, ShardSpec, TensorParallelGroup
 from sarathi.model.resolve import resolve_model
@@ -18,6 +20,8 @@ from sarathi.model.safetensors_folder import (
     SafetensorsCheckpoint,
 )
 from sarathi.model.weight_parts import TensorPart
+
+logger = logging.getLogger(__name__)
 
 DUMMY_INIT_STD = 0.02  # HF's default initializer_range
 
@@ -40,6 +44,7 @@ def load_model(
     seed: int = 0,
     shard: ShardSpec = WHOLE_MODEL,
     tp_group: TensorParallelGroup | None = None,
+    quantization: str = "none",
 ) -> tuple[LlamaForCausalLM, ModelArchConfig, str | None]:
     """Load a model in eval mode; returns (model, arch config, folder holding the tokenizer or None).
 
@@ -51,18 +56,37 @@ def load_model(
     shard, tp_group: build and load only this rank's part of the model (see `LlamaForCausalLM`); each tensor
     is read as the slices the shard holds (GGUF: dequantized whole, then sliced). Dummy weights are the slices
     of the same full random model for every sharding.
+    quantization: 'gguf' keeps a GGUF file's quantized linear layers in its blocks (packaged models are then
+    read from their GGUF); tensors of other types are dequantized, with a notice naming them.
     """
-    resolved = resolve_model(model, load_format, hf_config)
+    resolved = resolve_model(model, load_format, hf_config, quantization)
     arch, path = resolved.arch, resolved.path
+    if quantization == "gguf" and resolved.load_format != "gguf":
+        raise ValueError(f"quantization 'gguf' needs a GGUF file; {path} is {resolved.load_format}")
     net = LlamaForCausalLM(arch, dtype, compute_dtype=compute_dtype, shard=shard, tp_group=tp_group)
     if resolved.load_format == "gguf":
-        net.load_hf_weights(GGUFCheckpoint(path).fetch)
+        checkpoint = GGUFCheckpoint(path)
+        net.load_hf_weights(checkpoint.fetch, checkpoint.quantized if quantization == "gguf" else None)
+        if quantization == "gguf":
+            _log_quantization(net)
     elif resolved.load_format == "dummy":
         init_dummy_weights(net, seed)
     else:
         net.load_hf_weights(SafetensorsCheckpoint(path).fetch)
     net.pack_weights()
     return net.eval(), arch, resolved.tokenizer_dir
+
+
+def _log_quantization(net: LlamaForCausalLM) -> None:
+    kept = net.quantized_layers()
+    plain = [
+        name
+        for name, module in net.named_modules()
+        if isinstance(module, Linear) and not module.quantized_formats
+    ]
+    logger.info("quantized layers: %s", ", ".join(f"{len(v)} {k}" for k, v in sorted(kept.items())))
+    if plain:
+        logger.warning("dequantized (no quantized kernel for their type or TP slice): %s", ", ".join(plain))
 
 
 def hf_tensor_shapes(arch: ModelArchConfig) -> dict[str, tuple[int, ...]]:

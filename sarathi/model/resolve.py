@@ -33,13 +33,24 @@ class ResolvedModel:
 
 
 def resolve_model(
-    model: str | None, load_format: str = "auto", hf_config: dict[str, Any] | None = None
+    model: str | None,
+    load_format: str = "auto",
+    hf_config: dict[str, Any] | None = None,
+    quantization: str = "none",
 ) -> ResolvedModel:
     """model: an HF folder, a .gguf file, a packaged model's name (gemma3-270m, smollm2-135m), or None for the
-    embedded SmolLM2 (or, with load_format 'dummy' and ``hf_config``, no files at all). Raises ValueError /
-    FileNotFoundError naming the problem."""
+    embedded SmolLM2 (or, with load_format 'dummy' and ``hf_config``, no files at all). Packaged models are
+    read from their converted folder, or with ``quantization`` 'gguf' from their GGUF file (the tokenizer,
+    chat template and end-of-turn ids still come from the folder). Raises ValueError / FileNotFoundError
+    naming the problem."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load_format {load_format!r} (choose from {', '.join(LOAD_FORMATS)})")
+    packaged = "smollm2-135m" if model is None and load_format != "dummy" else model
+    named = packaged in PACKAGED_MODELS and (model is None or not Path(model).exists())
+    if quantization == "gguf" and load_format in ("auto", "gguf") and named:
+        folder = packaged_model_path(packaged)
+        arch = ModelArchConfig.from_hf_config(read_config(Path(folder)))
+        return ResolvedModel(PACKAGED_MODELS[packaged].gguf_path(), "gguf", arch, folder)
     if model is None and not (load_format == "dummy" and hf_config is not None):
         model = embedded_model_path()
     elif model in PACKAGED_MODELS and not Path(model).exists():

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from sarathi.model.quantized import QuantizedTensor
 
 
 @dataclass(frozen=True)
@@ -56,3 +60,6 @@ class TensorPart:
 
 # Loads a part of a checkpoint tensor; raises KeyError if the tensor is absent.
 Fetch = Callable[[TensorPart], torch.Tensor]
+
+# Loads a part of a checkpoint tensor as its file's quantized blocks; None where it cannot (then use Fetch).
+QuantizedFetch = Callable[[TensorPart], "QuantizedTensor | None"]

@@ -47,6 +47,7 @@ class Worker:
             load_format=mc.load_format,
             dtype=self.dtype,
             compute_dtype=resolve_compute_dtype(self.dtype, mc.compute_dtype),
+            quantization=mc.quantization,
             hf_config=mc.hf_config,
             seed=mc.seed,
             shard=shard,

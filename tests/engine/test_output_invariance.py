@@ -62,6 +62,18 @@ PARALLEL_CONFIGS = {
     ),
     "ray-tp2-vllm": dict(scheduler="vllm", tensor_parallel_size=2, distributed_executor_backend="ray"),
 }
+# The embedded model served from its GGUF's own Q4_1 blocks (bf16 activations), batched, chunked, preempted
+# and split: held to the bf16 default's rule against the float32 reference (dequantized weights).
+QUANTIZED_CONFIGS = {
+    "gguf-sarathi-budget16": dict(scheduler="sarathi", token_budget=16),
+    "gguf-sarathi-budget256": dict(scheduler="sarathi", token_budget=256),
+    "gguf-vllm-preempt": dict(scheduler="vllm", num_kv_blocks=60),
+    "gguf-sarathi-preempt": dict(scheduler="sarathi", token_budget=64, num_kv_blocks=60),
+    "gguf-tp2-sarathi": dict(scheduler="sarathi", token_budget=64, tensor_parallel_size=2),
+    "gguf-pp2-sarathi-preempt": dict(
+        scheduler="sarathi", token_budget=64, num_kv_blocks=60, pipeline_parallel_size=2
+    ),
+}
 
 
 def _corpus() -> str:
@@ -135,6 +147,20 @@ def test_bf16_default_matches_float32_except_near_ties(prompts, reference, hf_mo
         outs = llm.generate(prompts, PARAMS, use_tqdm=False)
     diverged = _check_same(prompts, reference, [o.token_ids for o in outs], hf_model, "bf16", BF16_NEAR_TIE)
     assert diverged <= len(prompts) // 2, f"{diverged} of {len(prompts)} prompts diverged from float32"
+
+
+@pytest.mark.parametrize("name", list(QUANTIZED_CONFIGS))
+def test_gguf_quantized_matches_float32_except_near_ties(name, prompts, reference, hf_model):
+    config = QUANTIZED_CONFIGS[name]
+    with LLM(quantization="gguf", **config) as llm:
+        outs = llm.generate(prompts, PARAMS, use_tqdm=False)
+        stats = list(llm.engine.stats)
+        used_blocks = llm.engine.block_manager.num_used_blocks
+    diverged = _check_same(prompts, reference, [o.token_ids for o in outs], hf_model, name, BF16_NEAR_TIE)
+    assert diverged <= len(prompts) // 2, f"{diverged} of {len(prompts)} prompts diverged from float32"
+    if name.endswith("preempt"):
+        assert sum(s.num_preempted for s in stats) > 0, "the small KV cache should have forced preemptions"
+    assert used_blocks == 0
 
 
 @pytest.mark.parametrize("name", list(CONFIGS) + list(PARALLEL_CONFIGS))

@@ -2,7 +2,8 @@
 serve, held to SmolLM2's bounds (test_model_vs_hf): fp32 max |error| <= 3e-4, bf16 <= 1e-2 relative, bf16
 math <= 1.5e-2 relative. The 640-token prompt crosses the sliding layers' 512-token window, in chunks of
 64 (each reading the cache) and as one prefill. Measured on a Zen4: fp32 2.3e-4 max abs (1.3e-6 relative,
-logits up to |56|), bf16 4.3e-3, bf16 math 5.5e-3.
+logits up to |56|), bf16 4.3e-3, bf16 math 5.5e-3. Served from the GGUF's own quantized blocks (Q5_0, Q4_K,
+Q6_K, Q8_0; bf16 activations) it is held to the quantization contract, 1.5e-2 (measured 4.0e-3 / 3.8e-3).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ BOUNDS = {
     (torch.float32, torch.float32): ("max_abs", 3e-4),
     (torch.bfloat16, torch.float32): ("rel", 1e-2),
     (torch.bfloat16, torch.bfloat16): ("rel", 1.5e-2),
+    "gguf": ("rel", 1.5e-2),
 }
 
 
@@ -53,11 +55,17 @@ def reference(folder, prompt) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def models(folder) -> dict:
     """Our model per precision, loaded once."""
-    return {p: load_model(folder, dtype=p[0], compute_dtype=p[1])[:2] for p in BOUNDS}
+    bf16 = {"dtype": torch.bfloat16, "compute_dtype": torch.bfloat16}
+    return {
+        p: load_model("gemma3-270m", **bf16, quantization="gguf")[:2]
+        if p == "gguf"
+        else load_model(folder, dtype=p[0], compute_dtype=p[1])[:2]
+        for p in BOUNDS
+    }
 
 
 @pytest.mark.parametrize("chunk", [64, PROMPT_LEN])
-@pytest.mark.parametrize("precision", list(BOUNDS), ids=["fp32", "bf16", "bf16-math"])
+@pytest.mark.parametrize("precision", list(BOUNDS), ids=["fp32", "bf16", "bf16-math", "gguf"])
 def test_gemma3_logits_match_transformers(models, prompt, reference, precision, chunk) -> None:
     model, arch = models[precision]
     runner = PagedRunner(model, arch, block_size=16, num_blocks=48)

@@ -1,0 +1,244 @@
+"""GGUF-quantized weights kept in their file's bytes: the blocks of a tensor, their codes and scales, and the
+layout our quantized GEMM kernel (`csrc/quant_gemm.cpp`) reads.
+
+Every supported format is "w = s * (q - z) + m" per sub-block of 16 or 32 weights of a row: integer codes q,
+a float16 scale d (per block, or per 256-weight super-block with a small integer multiplier sc per sub-block
+for k-quants) and, for the formats with offsets, m = dm (* mc). `unpack` splits a tensor's blocks into those
+parts; `pack` lays them out for the kernel. Both are lossless: `dequantize(unpack(...))` equals the `gguf`
+package's dequantization (to float32 rounding of k-quant offsets, which we keep exact).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gguf
+import numpy as np
+import torch
+
+GROUP = 32  # input positions per code group of the kernel layout
+TILE = 16  # output columns per kernel tile
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    """How one GGUF type stores its weights (see the module docstring)."""
+
+    name: str
+    bits: int  # code width
+    sub: int  # weights per sub-block (one scale)
+    zero: int  # z: code value of weight 0 (signed 8-bit codes are stored as q - z already)
+    sub_scales: bool  # k-quants: an integer multiplier per sub-block on a per-super-block scale
+    offsets: bool  # m term present
+    block: int  # weights per file block (a super-block for k-quants)
+
+
+FORMATS: dict[str, QuantFormat] = {
+    f.name: f
+    for f in (
+        QuantFormat("Q8_0", 8, 32, 0, False, False, 32),
+        QuantFormat("Q4_0", 4, 32, 8, False, False, 32),
+        QuantFormat("Q4_1", 4, 32, 0, False, True, 32),
+        QuantFormat("Q5_0", 5, 32, 16, False, False, 32),
+        QuantFormat("Q5_1", 5, 32, 0, False, True, 32),
+        QuantFormat("Q4_K", 4, 32, 0, True, True, 256),
+        QuantFormat("Q5_K", 5, 32, 0, True, True, 256),
+        QuantFormat("Q6_K", 6, 16, 32, True, False, 256),
+    )
+}
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """A 2-D weight [rows, cols] as the GGUF file stores it: `blocks` uint8 [rows, bytes per row]."""
+
+    qtype: str
+    rows: int
+    cols: int
+    blocks: torch.Tensor
+
+    @property
+    def format(self) -> QuantFormat:
+        """The storage format."""
+        return FORMATS[self.qtype]
+
+    def row_slice(self, start: int, end: int) -> QuantizedTensor:
+        """Rows [start, end)."""
+        return QuantizedTensor(self.qtype, end - start, self.cols, self.blocks[start:end])
+
+    def col_slice(self, start: int, end: int) -> QuantizedTensor | None:
+        """Columns [start, end), or None where the cut falls inside a block."""
+        block = self.format.block
+        if start % block or end % block:
+            return None
+        per_block = self.blocks.shape[1] // (self.cols // block)
+        first, last = start // block * per_block, end // block * per_block
+        return QuantizedTensor(self.qtype, self.rows, end - start, self.blocks[:, first:last])
+
+    def permute_rows(self, order: torch.Tensor) -> QuantizedTensor:
+        """Rows reordered (blocks never span rows, so this moves whole rows)."""
+        return QuantizedTensor(self.qtype, self.rows, self.cols, self.blocks[order])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the file's blocks."""
+        return self.blocks.numel()
+
+
+@dataclass(frozen=True)
+class Unpacked:
+    """A quantized tensor split into codes and scales (numpy, row-major per weight row)."""
+
+    fmt: QuantFormat
+    codes: np.ndarray  # uint8 [rows, cols] codes q; int8 q - z for 8-bit formats
+    d: np.ndarray  # float16 [rows, blocks]
+    dm: np.ndarray | None  # float16 [rows, blocks]: offset scale (negated for k-quants' "- dmin * m")
+    sc: np.ndarray | None  # int8 [rows, sub-blocks]
+    mc: np.ndarray | None  # uint8 [rows, sub-blocks]
+
+
+def _nibbles(qs: np.ndarray, width: int) -> np.ndarray:
+    """[n, c * width] bytes -> [n, c * 2 * width] codes: each run of `width` bytes gives its low nibbles,
+    then its high nibbles (GGML's order)."""
+    n = qs.shape[0]
+    q = qs.reshape(n, -1, 1, width) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    return (q & np.uint8(0x0F)).reshape(n, -1)
+
+
+def _high_bits(qh: np.ndarray, count: int) -> np.ndarray:
+    """[n, 4] bytes as a little-endian uint32 -> bit i of it for i < count: [n, count]."""
+    words = qh.copy().view(np.uint32).reshape(-1, 1)
+    return ((words >> np.arange(count, dtype=np.uint32).reshape(1, -1)) & 1).astype(np.uint8)
+
+
+def unpack(t: QuantizedTensor) -> Unpacked:
+    """Codes and scales of every block of `t`."""
+    fmt = t.format
+    raw = t.blocks.numpy()
+    per_row = t.cols // fmt.block
+    b = raw.reshape(t.rows * per_row, -1)
+    n = b.shape[0]
+    dm = sc = mc = None
+
+    def half(lo: int) -> np.ndarray:
+        return b[:, lo : lo + 2].copy().view(np.float16).reshape(n)
+
+    if fmt.name == "Q8_0":
+        d, codes = half(0), b[:, 2:].copy()
+    elif fmt.name in ("Q4_0", "Q4_1"):
+        start = 2 if fmt.name == "Q4_0" else 4
+        d, codes = half(0), _nibbles(b[:, start:], 16)
+        dm = half(2) if fmt.name == "Q4_1" else None
+    elif fmt.name in ("Q5_0", "Q5_1"):
+        start = 2 if fmt.name == "Q5_0" else 4
+        d, codes = half(0), _nibbles(b[:, start + 4 :], 16) | (_high_bits(b[:, start : start + 4], 32) << 4)
+        dm = half(2) if fmt.name == "Q5_1" else None
+    elif fmt.name in ("Q4_K", "Q5_K"):
+        d, dm = half(0), -half(2)
+        sc6, m6 = gguf.quants.Q4_K.get_scale_min(b[:, 4:16].copy())
+        sc, mc = sc6.astype(np.int8), m6.astype(np.uint8)
+        if fmt.name == "Q4_K":
+            codes = _nibbles(b[:, 16:], 32)
+        else:
+            qh = b[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+            codes = _nibbles(b[:, 48:], 32) | ((qh & 1).reshape(n, 256) << 4)
+    elif fmt.name == "Q6_K":
+        ql = _nibbles(b[:, :128], 64)
+        qh = b[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+        codes = ql | ((qh & 3).reshape(n, 256) << 4)
+        sc, d = b[:, 192:208].copy().view(np.int8), half(208)
+    else:  # pragma: no cover - FORMATS lists what is handled here
+        raise ValueError(f"no unpacking for {fmt.name}")
+    rows = t.rows
+    return Unpacked(
+        fmt,
+        codes.reshape(rows, t.cols),
+        d.reshape(rows, per_row),
+        None if dm is None else dm.reshape(rows, per_row),
+        None if sc is None else sc.reshape(rows, -1),
+        None if mc is None else mc.reshape(rows, -1),
+    )
+
+
+def dequantize(u: Unpacked) -> torch.Tensor:
+    """The float32 weights [rows, cols] (float64 arithmetic, so exact before the final rounding)."""
+    fmt = u.fmt
+    rows, cols = u.codes.shape
+    signed = u.codes.view(np.int8) if fmt.bits == 8 else u.codes.astype(np.int16) - fmt.zero
+    q = signed.astype(np.float64)
+    subs_per_block = fmt.block // fmt.sub
+    scale = np.repeat(u.d.astype(np.float64), subs_per_block, axis=1)
+    shift = None if u.dm is None else np.repeat(u.dm.astype(np.float64), subs_per_block, axis=1)
+    if u.sc is not None:
+        scale = scale * u.sc
+        if shift is not None:
+            shift = shift * u.mc
+    w = q.reshape(rows, -1, fmt.sub) * scale[..., None]
+    if shift is not None:
+        w = w + shift[..., None]
+    return torch.from_numpy(w.reshape(rows, cols).astype(np.float32))
+
+
+@dataclass(frozen=True)
+class PackedQuant:
+    """A quantized weight in the kernel's layout (see csrc/quant_gemm.cpp); `rows` is the output width."""
+
+    rows: int
+    cols: int
+    bits: int
+    sub: int
+    zero: int
+    codes: torch.Tensor  # uint8 [tiles, cols / 32, group bytes]
+    d: torch.Tensor  # float16 [tiles, blocks, 16]
+    dm: torch.Tensor  # float16 [tiles, blocks, 16] or empty
+    sc: torch.Tensor  # int8 [tiles, sub-blocks, 16] or empty
+    mc: torch.Tensor  # uint8 [tiles, sub-blocks, 16] or empty
+
+    @property
+    def nbytes(self) -> int:
+        """Resident bytes."""
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.d, self.dm, self.sc, self.mc))
+
+
+def _tiled(a: np.ndarray, tiles: int) -> np.ndarray:
+    """[rows, n] per-row values -> [tiles, n, 16] (rows padded with zeros)."""
+    padded = np.zeros((tiles * TILE, a.shape[1]), dtype=a.dtype)
+    padded[: a.shape[0]] = a
+    return np.ascontiguousarray(padded.reshape(tiles, TILE, -1).transpose(0, 2, 1))
+
+
+def pack(u: Unpacked) -> PackedQuant:
+    """The kernel's layout of an unpacked weight."""
+    fmt = u.fmt
+    rows, cols = u.codes.shape
+    tiles = -(-rows // TILE)
+    codes = np.zeros((tiles * TILE, cols), dtype=np.uint8)
+    codes[:rows] = u.codes
+    # [tiles, 16 columns, groups, 16 pairs, 2] -> [tiles, groups, pairs, lanes = 2 * column + j]
+    lanes = codes.reshape(tiles, TILE, cols // GROUP, GROUP // 2, 2).transpose(0, 2, 3, 1, 4)
+    lanes = lanes.reshape(tiles, cols // GROUP, GROUP // 2, 2 * TILE)
+    if fmt.bits == 8:
+        packed = lanes.reshape(tiles, cols // GROUP, -1)
+    else:
+        low = (lanes[:, :, :8] & 0x0F) | ((lanes[:, :, 8:] & 0x0F) << 4)
+        parts = [low.reshape(tiles, cols // GROUP, -1)]
+        for bit in range(4, fmt.bits):
+            plane = np.packbits((lanes >> bit) & 1, axis=-1, bitorder="little")
+            parts.append(plane.reshape(tiles, cols // GROUP, -1))
+        packed = np.concatenate(parts, axis=-1)
+
+    def tensor(a: np.ndarray | None) -> torch.Tensor:
+        return torch.empty(0) if a is None else torch.from_numpy(_tiled(a, tiles))
+
+    return PackedQuant(
+        rows,
+        cols,
+        fmt.bits,
+        fmt.sub,
+        fmt.zero,
+        torch.from_numpy(np.ascontiguousarray(packed)),
+        tensor(u.d),
+        tensor(u.dm),
+        tensor(u.sc),
+        tensor(u.mc),
+    )

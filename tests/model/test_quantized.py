@@ -1,0 +1,116 @@
+"""GGUF-quantized weights kept in their blocks: unpacking equals the `gguf` package's dequantization, and the
+quantized kernel equals x (rounded to bf16) times those exact weights, at odd shapes, batch sizes 1 / 7 / 64,
+fused layers of mixed formats and TP slices on block boundaries."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from sarathi.model import kernels, quantized
+from sarathi.model.linear import Linear
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="sarathi's CPU kernels do not run here")
+
+# Ranges for each format's float16 fields (d, and m / dmin where present) that keep weights ~N(0, 0.05)-sized.
+_HALF_FIELDS = {
+    "Q8_0": [(0, 1e-3, 2e-2)],
+    "Q4_0": [(0, 1e-3, 2e-2)],
+    "Q5_0": [(0, 1e-3, 2e-2)],
+    "Q4_1": [(0, 1e-3, 2e-2), (2, -0.1, 0.1)],
+    "Q5_1": [(0, 1e-3, 2e-2), (2, -0.1, 0.1)],
+    "Q4_K": [(0, 1e-4, 1e-3), (2, 1e-4, 1e-3)],
+    "Q5_K": [(0, 1e-4, 1e-3), (2, 1e-4, 1e-3)],
+    "Q6_K": [(208, 1e-4, 1e-3)],
+}
+
+
+def random_quantized(qtype: str, rows: int, cols: int, seed: int = 0) -> quantized.QuantizedTensor:
+    """Random blocks of `qtype` (every code and sub-block scale bit pattern is valid; the float16 fields
+    are drawn from sane ranges)."""
+    block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
+    rng = np.random.default_rng(seed)
+    n = rows * cols // block
+    raw = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
+    for offset, lo, hi in _HALF_FIELDS[qtype]:
+        raw[:, offset : offset + 2] = rng.uniform(lo, hi, size=n).astype(np.float16).view(np.uint8).reshape(n, 2)
+    return quantized.QuantizedTensor(qtype, rows, cols, torch.from_numpy(raw.reshape(rows, -1)))
+
+
+def gguf_dequantized(t: quantized.QuantizedTensor) -> torch.Tensor:
+    values = gguf.quants.dequantize(t.blocks.numpy(), gguf.GGMLQuantizationType[t.qtype])
+    return torch.from_numpy(np.asarray(values, dtype=np.float32)).reshape(t.rows, t.cols)
+
+
+def reference_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x rounded to bf16 times w, in float64."""
+    return x.bfloat16().double() @ w.double().T
+
+
+def shape_for(qtype: str) -> tuple[int, int]:
+    """Odd row count; columns of 3 blocks (k-quants: 2 super-blocks), not a multiple of the 8-group chunk."""
+    block = quantized.FORMATS[qtype].block
+    return 37, (2 * block if block == 256 else 3 * block + 32 * 8)
+
+
+@pytest.mark.parametrize("qtype", list(quantized.FORMATS))
+def test_unpacked_weights_equal_gguf_dequantization(qtype: str) -> None:
+    rows, cols = shape_for(qtype)
+    t = random_quantized(qtype, rows, cols)
+    ours = quantized.dequantize(quantized.unpack(t))
+    ref = gguf_dequantized(t)
+    # gguf rounds k-quants' "d * q - dmin * m" in float32; ours is exact before the final rounding
+    tol = 1e-6 * ref.abs().max().item() if quantized.FORMATS[qtype].sub_scales else 0.0
+    assert (ours - ref).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("batch", [1, 7, 64])
+@pytest.mark.parametrize("qtype", list(quantized.FORMATS))
+def test_quantized_kernel_multiplies_the_exact_weights(qtype: str, batch: int) -> None:
+    rows, cols = shape_for(qtype)
+    t = random_quantized(qtype, rows, cols, seed=batch)
+    w = quantized.dequantize(quantized.unpack(t))
+    x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(batch))
+    out = torch.full((batch, rows), float("nan"))
+    kernels.quant_gemm(x, quantized.pack(quantized.unpack(t)), out)
+    want = reference_matmul(x, w)
+    err = ((out.double() - want).abs().max() / want.abs().max()).item()
+    assert err <= 2e-6, f"{qtype} batch {batch}: relative error {err:.2e}"
+
+
+def test_fused_layer_of_mixed_formats_and_its_bias() -> None:
+    """Gemma's files put q and k in Q5_0 and v in Q8_0: one layer, three segments, two kernel calls."""
+    cols = 96
+    parts = [random_quantized("Q5_0", 20, cols, 1), random_quantized("Q5_0", 8, cols, 2)]
+    parts.append(random_quantized("Q8_0", 8, cols, 3))
+    layer = Linear(cols, 36, True, torch.bfloat16, compute_dtype=torch.bfloat16)
+    layer.bias.copy_(torch.linspace(-1, 1, 36))
+    layer.load_quantized(parts)
+    assert layer.is_packed and layer.weight is None and layer.quantized_formats == ["Q5_0", "Q8_0"]
+    assert len(layer._quant) == 2
+    w = torch.cat([gguf_dequantized(p) for p in parts])
+    x = torch.randn(5, 3, cols)
+    y = layer(x)
+    assert y.dtype == torch.float32 and y.shape == (5, 3, 36)
+    want = reference_matmul(x.reshape(-1, cols), w) + layer.bias.double()
+    assert torch.allclose(y.reshape(-1, 36).double(), want, rtol=0, atol=1e-5)
+
+
+def test_slices_on_block_boundaries_and_not_inside_blocks() -> None:
+    t = random_quantized("Q4_K", 12, 768)
+    w = gguf_dequantized(t)
+    assert torch.equal(gguf_dequantized(t.col_slice(256, 768)), w[:, 256:768])
+    assert torch.equal(gguf_dequantized(t.row_slice(3, 9)), w[3:9])
+    assert t.col_slice(0, 384) is None  # cuts a 256-weight super-block: the loader dequantizes instead
+    order = torch.tensor([5, 0, 11, 1, 2, 3, 4, 6, 7, 8, 9, 10])
+    assert torch.equal(gguf_dequantized(t.permute_rows(order)), w[order])
+
+
+def test_layer_rejects_parts_of_the_wrong_shape() -> None:
+    layer = Linear(64, 16, False, torch.bfloat16, compute_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="columns"):
+        layer.load_quantized([random_quantized("Q8_0", 16, 96)])
+    with pytest.raises(ValueError, match="rows"):
+        layer.load_quantized([random_quantized("Q8_0", 8, 64)])
