@@ -15,7 +15,10 @@ The last rows measure real implementations: ours with bf16 weights and KV cache 
 `bfloat16` dtype; it should sit on the "weights + kv cache" row), ours with bf16 math
 (`compute_dtype=bfloat16`: bf16 GEMM inputs with fp32 accumulation and output, fp32 attention and residual
 stream; its contract is <= 1.3x the "weights + linear inputs + kv cache" row), and transformers' own bf16
-model.
+model. The quantized rows serve the weights exactly as the GGUF stores them (the "orig" reference is that
+file dequantized, in fp32): simulated, with only the linear inputs and the KV cache rounded to bf16; and
+measured, ours with `quantization="gguf"` (the file's Q4_1 / Q8_0 blocks, bf16 activations, fp32 sums). Its
+contract: <= 1.5e-2 relative error vs orig.
 
     python -m benchmarks.bf16_error_budget
 """
@@ -102,6 +105,7 @@ def main() -> None:
 
     ours = load_model(str(folder), dtype=torch.bfloat16)[0]
     ours_math = load_model(str(folder), dtype=torch.bfloat16, compute_dtype=torch.bfloat16)[0]
+    ours_gguf = load_model(None, dtype=torch.bfloat16, compute_dtype=torch.bfloat16, quantization="gguf")[0]
     hf_bf16 = hf_model(folder, bf16_weights=False).to(torch.bfloat16)
     floor = simulated(same, linear_inputs=True, linear_outputs=True)
     rows_spec: list[tuple[str, Callable[[list[int]], torch.Tensor]]] = [
@@ -113,6 +117,8 @@ def main() -> None:
         ("measured: sarathi bfloat16 (fp32 math)", lambda p: our_logits(ours, p)),
         ("measured: sarathi bf16 math", lambda p: our_logits(ours_math, p)),
         ("measured: transformers bf16", lambda p: hf_logits(hf_bf16, p)),
+        ("simulated: exact weights, linear inputs + kv cache", simulated(orig, linear_inputs=True, kv=True)),
+        ("measured: sarathi gguf (file's blocks, bf16 math)", lambda p: our_logits(ours_gguf, p)),
     ]
     rows = []
     print(f"{'rounded in bf16':48s} {'vs same weights':>22s} {'vs orig':>22s}   (mean / max over prompts)")

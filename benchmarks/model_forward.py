@@ -1,4 +1,5 @@
-"""Forward-pass times of the embedded SmolLM2-135M: our paged model vs Hugging Face transformers (eager).
+"""Forward-pass times of the embedded SmolLM2-135M (or, with --model 1b / 3b, random weights at Llama 3.2's
+1B / 3B shapes, benchmarks/random_gguf.py): our paged model vs Hugging Face transformers (eager).
 
 Prefill: one sequence of T tokens from position 0 (logits of the last token only).
 Decode: B sequences, one new token each, every sequence with CONTEXT tokens already cached.
@@ -213,21 +214,29 @@ def hf_decode(hf, arch, dtype, batch: int) -> Callable[[], object]:
     return run
 
 
-def gguf_file(name: str):
+def source_gguf(model: str):
+    """The GGUF the files of a --model are made from: the embedded Q4_1 file, or the random F16 one."""
+    from benchmarks.random_gguf import ensure_random_gguf
+    from sarathi.model.embedded import embedded_gguf_path
+
+    return embedded_gguf_path() if model == "smollm2" else ensure_random_gguf(model)
+
+
+def gguf_file(name: str, model: str = "smollm2"):
     """The GGUF file a precision runs on with llama.cpp: BF16 for bf16-math, else the named quantization."""
     from benchmarks.llama_cpp_build import ensure_gguf
 
-    return ensure_gguf("BF16" if name == "bf16-math" else name)
+    return ensure_gguf("BF16" if name == "bf16-math" else name, src=source_gguf(model))
 
 
-def compare_llama_cpp(rows: list[dict], reps: int, name: str) -> dict:
+def compare_llama_cpp(rows: list[dict], reps: int, name: str, model: str = "smollm2") -> dict:
     """Time llama.cpp at our prefill and decode shapes on precision `name`'s GGUF file and add its ms, and
     ours / its, to that precision's rows; returns what was run, for the record."""
     from benchmarks.llama_cpp_build import binary, build_info, ensure_llama_cpp, llama_cpp_version
     from benchmarks.llama_cpp_kernels import decode_times, prefill_times
 
     ensure_llama_cpp()
-    gguf = gguf_file(name)
+    gguf = gguf_file(name, model)
     threads = torch.get_num_threads()
     times = prefill_times(binary("llama-bench"), gguf, list(PREFILL_TOKENS), threads, reps, MAX_FOREIGN_LOAD)
     times += decode_times(
@@ -265,8 +274,21 @@ def main() -> None:
         default=DEFAULT_PRECISIONS,
         help=f"comma-separated, from {', '.join([*PRECISIONS, *QUANTIZED])} (default {DEFAULT_PRECISIONS})",
     )
+    parser.add_argument(
+        "--model",
+        default="smollm2",
+        choices=["smollm2", "1b", "3b"],
+        help="the embedded SmolLM2, or random weights at Llama 3.2 1B / 3B shapes (bf16-math and quantized "
+        "precisions only; their files are made with llama-quantize)",
+    )
     args = parser.parse_args()
     names = args.precisions.split(",")
+    if args.model != "smollm2":
+        args.no_hf = True
+        if args.precisions == DEFAULT_PRECISIONS:
+            names = ["bf16-math", *QUANTIZED]
+        if {"float32", "bfloat16"} & set(names):
+            parser.error("--model 1b / 3b runs bf16-math and the quantized precisions")
     unknown = [n for n in names if n not in PRECISIONS and n not in QUANTIZED]
     if unknown:
         parser.error(f"unknown precisions: {', '.join(unknown)}")
@@ -285,10 +307,11 @@ def main() -> None:
         quantized = name in QUANTIZED
         dtype, compute = PRECISIONS["bf16-math" if quantized else name]
         if quantized:  # served from the file's own blocks
-            path = None if name == "Q4_1" else str(gguf_file(name))
+            path = None if (name, args.model) == ("Q4_1", "smollm2") else str(gguf_file(name, args.model))
             model, arch, _ = load_model(path, dtype=dtype, compute_dtype=compute, quantization="gguf")
         else:
-            model, arch, _ = load_model(None, dtype=dtype, compute_dtype=compute)
+            path = None if args.model == "smollm2" else str(gguf_file(name, args.model))
+            model, arch, _ = load_model(path, dtype=dtype, compute_dtype=compute)
         linear_bytes = None
         if quantized:
             linear_bytes = sum(m.weight_bytes for m in model.modules() if isinstance(m, Linear))
@@ -338,10 +361,11 @@ def main() -> None:
             rows.append(row)
             print(line, flush=True)
         del model, hf
-    settings = {"reps": reps, "block_size": BLOCK_SIZE, "decode_context": CONTEXT, "rates": rates}
+    settings = {"model": args.model, "reps": reps, "block_size": BLOCK_SIZE, "decode_context": CONTEXT}
+    settings["rates"] = rates
     if args.llama_cpp:
         compared = [name for name in names if name == "bf16-math" or name in QUANTIZED]
-        settings["llama_cpp"] = {name: compare_llama_cpp(rows, reps, name) for name in compared}
+        settings["llama_cpp"] = {name: compare_llama_cpp(rows, reps, name, args.model) for name in compared}
     print(f"saved {save_result('model_forward', rows, settings)}")
 
 

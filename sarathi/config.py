@@ -18,8 +18,9 @@ COMPUTE_DTYPES = ("auto", *DTYPES)
 EXECUTOR_BACKENDS = ("mp", "ray")
 # "auto": by path (.gguf, else a safetensors folder); "dummy": random weights for a config (no checkpoint).
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
-# Weight quantizations (vLLM's names): none (dequantize to `dtype`), gguf (a GGUF file's own blocks)
-QUANTIZATIONS = ("none", "gguf")
+# Weight quantizations: none (weights in `dtype`), gguf (a GGUF file's own blocks, vLLM's name), int8 / int4
+# (weight-only, quantized at load, groups of 32 weights: int8 symmetric, int4 with an offset)
+QUANTIZATIONS = ("none", "gguf", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,9 @@ class ModelConfig:
     or 'auto' (the default: bfloat16 where our bf16 kernel runs, else float32). float32 everywhere is the
     exact setting (``dtype='float32'``). ``quantization`` 'gguf' keeps a GGUF file's quantized linear layers
     in the file's bytes (our quantized kernel: the file's exact weights times bf16 activations, float32 sums;
-    needs ``dtype='bfloat16'``); 'none' dequantizes them to ``dtype``.
+    needs ``dtype='bfloat16'``); 'int8' / 'int4' quantize any checkpoint's linear layers at load (groups of
+    32: int8 with a scale, as GGUF Q8_0; int4 with a scale and an offset, as Q4_1); 'none' keeps (or
+    dequantizes to) ``dtype``.
     """
 
     model: str | None = None
@@ -159,8 +162,11 @@ class ModelConfig:
             raise ValueError(
                 f"unknown quantization {self.quantization!r}; choose one of: {', '.join(QUANTIZATIONS)}"
             )
-        if self.quantization == "gguf" and (self.dtype != "bfloat16" or self.compute_dtype == "float32"):
-            raise ValueError("quantization 'gguf' computes with bf16 activations: it needs dtype 'bfloat16'")
+        quantized = self.quantization != "none"
+        if quantized and (self.dtype != "bfloat16" or self.compute_dtype == "float32"):
+            raise ValueError(
+                f"quantization {self.quantization!r} uses bf16 activations: it needs dtype 'bfloat16'"
+            )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 

@@ -41,7 +41,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default="none",
         choices=QUANTIZATIONS,
         help="gguf: serve a GGUF file's quantized layers in its own bytes (bf16 activations, fp32 sums); "
-        "none: dequantize them to --dtype",
+        "int8 / int4: quantize the linear layers at load (groups of 32); none: weights in --dtype",
     )
     m.add_argument("--max-model-len", type=int, default=None)
     m.add_argument("--seed", type=int, default=0)

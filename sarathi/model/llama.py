@@ -27,6 +27,7 @@ from sarathi.model.config import ModelArchConfig
 from sarathi.model.linear import Linear
 from sarathi.model.paged_attention import CacheReadPlan, GatherWorkspace, paged_attention, plan_cache_reads
 from sarathi.model.parallel import WHOLE_MODEL, ShardSpec, TensorParallelGroup
+from sarathi.model.quantized import quantize
 from sarathi.model.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from sarathi.model.weight_parts import Fetch, QuantizedFetch, TensorPart
 
@@ -415,6 +416,16 @@ class LlamaForCausalLM(nn.Module):
                     f"expected {tuple(param.shape)}"
                 )
             param.copy_(tensor)
+
+    @torch.no_grad()
+    def quantize_linear_layers(self, qtype: str) -> None:
+        """Quantize every linear layer's loaded weight to `qtype` blocks (layers whose width is not a whole
+        number of blocks stay as they are)."""
+        for module in self.modules():
+            if isinstance(module, Linear) and module.weight is not None:
+                blocks = quantize(module.weight.detach(), qtype)
+                if blocks is not None:
+                    module.load_quantized([blocks])
 
     def quantized_layers(self) -> dict[str, list[str]]:
         """Names of the linear layers kept quantized, by the formats they hold."""

@@ -14,6 +14,7 @@ from sarathi.model.gguf_loader import GGUFCheckpoint
 from sarathi.model.linear import Linear
 from sarathi.model.llama import LlamaForCausalLM
 from sarathi.model.parallel import WHOLE_MODEL, ShardSpec, TensorParallelGroup
+from sarathi.model.quantized import LOAD_TIME_FORMATS
 from sarathi.model.resolve import resolve_model
 from sarathi.model.safetensors_folder import (
     MissingTensorError,
@@ -63,6 +64,8 @@ def load_model(
     arch, path = resolved.arch, resolved.path
     if quantization == "gguf" and resolved.load_format != "gguf":
         raise ValueError(f"quantization 'gguf' needs a GGUF file; {path} is {resolved.load_format}")
+    if quantization in LOAD_TIME_FORMATS and not kernels.available():
+        raise ValueError(f"quantization {quantization!r} needs sarathi's CPU kernels, unavailable here")
     net = LlamaForCausalLM(arch, dtype, compute_dtype=compute_dtype, shard=shard, tp_group=tp_group)
     if resolved.load_format == "gguf":
         checkpoint = GGUFCheckpoint(path)
@@ -73,6 +76,9 @@ def load_model(
         init_dummy_weights(net, seed)
     else:
         net.load_hf_weights(SafetensorsCheckpoint(path).fetch)
+    if quantization in LOAD_TIME_FORMATS:
+        net.quantize_linear_layers(LOAD_TIME_FORMATS[quantization])
+        _log_quantization(net)
     net.pack_weights()
     return net.eval(), arch, resolved.tokenizer_dir
 

@@ -85,6 +85,20 @@ class QuantizedTensor:
         return self.blocks.numel()
 
 
+# --quantization int8 / int4: the GGUF format an HF checkpoint's linear layers are quantized to at load
+LOAD_TIME_FORMATS = {"int8": "Q8_0", "int4": "Q4_1"}
+
+
+def quantize(weight: torch.Tensor, qtype: str) -> QuantizedTensor | None:
+    """`weight` [rows, cols] quantized to `qtype` blocks (ggml's rounding, via the `gguf` package); None
+    when the columns do not fill whole blocks."""
+    rows, cols = weight.shape
+    if cols % FORMATS[qtype].block:
+        return None
+    blocks = gguf.quants.quantize(weight.float().numpy(), gguf.GGMLQuantizationType[qtype])
+    return QuantizedTensor(qtype, rows, cols, torch.from_numpy(np.ascontiguousarray(blocks)))
+
+
 @dataclass(frozen=True)
 class Unpacked:
     """A quantized tensor split into codes and scales (numpy, row-major per weight row)."""

@@ -35,7 +35,8 @@ def random_quantized(qtype: str, rows: int, cols: int, seed: int = 0) -> quantiz
     n = rows * cols // block
     raw = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
     for offset, lo, hi in _HALF_FIELDS[qtype]:
-        raw[:, offset : offset + 2] = rng.uniform(lo, hi, size=n).astype(np.float16).view(np.uint8).reshape(n, 2)
+        halves = rng.uniform(lo, hi, size=n).astype(np.float16)
+        raw[:, offset : offset + 2] = halves.view(np.uint8).reshape(n, 2)
     return quantized.QuantizedTensor(qtype, rows, cols, torch.from_numpy(raw.reshape(rows, -1)))
 
 

@@ -36,8 +36,9 @@ namespace {
 constexpr int kCols = 16;          // output columns per tile (one zmm of float32)
 constexpr int kGroup = 32;         // input positions per code group
 constexpr int kPairs = kGroup / 2;
-constexpr int kChunkGroups = 8;    // groups decoded at a time into the per-thread scratch (8 KiB)
-constexpr int kMaxRows = 6;        // rows of x per register tile
+constexpr int kChunkGroups = 4;    // groups decoded at a time per tile into the per-thread scratch
+constexpr int kMaxRows = 3;        // rows of x per register tile
+constexpr int kMaxTiles = 4;       // tiles of 16 columns per register tile (3 x 4 x 2 accumulators)
 
 int group_bytes(int bits) { return bits == 8 ? 512 : 256 + (bits - 4) * 64; }
 
@@ -82,67 +83,100 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void decode_group(
   }
 }
 
-// MR rows of x against one tile's decoded chunk of `ngroups` groups starting at group g0; accumulates into y.
-template <int MR, int SUB, bool SC, bool MIN>
+// MR rows of x against NB tiles' decoded chunk of `ngroups` groups starting at group g0 (scratch holds tile j's
+// groups at j * tile_stride); accumulates into y (columns of tile0 onwards, `cols` of them valid).
+template <int MR, int NB, int SUB, bool SC, bool MIN>
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) void rows_chunk(
-    const int32_t* x, int64_t ldx_pairs, const float* xsum, int64_t ldsum, const uint16_t* scratch, int ngroups,
-    int64_t g0, const Weight& w, int64_t tile, float* y, int64_t ldy, __mmask16 mask, bool first) {
+    const int32_t* x, int64_t ldx_pairs, const float* xsum, int64_t ldsum, const uint16_t* scratch,
+    int64_t tile_stride, int ngroups, int64_t g0, const Weight& w, int64_t tile0, float* y, int64_t ldy, int64_t cols,
+    bool first) {
   constexpr int kSubsPerGroup = kGroup / SUB;
   const int64_t subs_per_super = w.subs / w.supers;
-  __m512 acc[MR];
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) acc[i] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, y + i * ldy);
-  const uint16_t* d = w.d + tile * w.supers * kCols;
-  const uint16_t* dm = MIN ? w.dm + tile * w.supers * kCols : nullptr;
-  const int8_t* sc = SC ? w.sc + tile * w.subs * kCols : nullptr;
-  const uint8_t* mc = (SC && MIN) ? w.mc + tile * w.subs * kCols : nullptr;
+  __mmask16 mask[NB];
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j) {
+    const int64_t left = cols - j * kCols;
+    mask[j] = left >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u);
+  }
+  __m512 acc[MR][NB];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j)
+      acc[i][j] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[j], y + i * ldy + j * kCols);
   for (int g = 0; g < ngroups; ++g) {
 #pragma GCC unroll 2
     for (int s = 0; s < kSubsPerGroup; ++s) {
       const int64_t sub = (g0 + g) * kSubsPerGroup + s, sup = sub / subs_per_super;
-      __m512 tmp[MR];
-#pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) tmp[i] = _mm512_setzero_ps();
+      __m512 tmp[MR][NB];
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) tmp[i][j] = _mm512_setzero_ps();
       const int64_t pair0 = (g0 + g) * kPairs + s * (SUB / 2);
-#pragma GCC unroll 16
+      const uint16_t* wrow = scratch + (g * kPairs + s * (SUB / 2)) * 32;
+#pragma GCC unroll 2
       for (int p = 0; p < SUB / 2; ++p) {
-        const __m512bh wv = (__m512bh)_mm512_loadu_si512(scratch + (g * kPairs + s * (SUB / 2) + p) * 32);
-#pragma GCC unroll 8
-        for (int i = 0; i < MR; ++i)
-          tmp[i] = _mm512_dpbf16_ps(tmp[i], (__m512bh)_mm512_set1_epi32(x[i * ldx_pairs + pair0 + p]), wv);
+        __m512bh wv[NB];
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(wrow + j * tile_stride + p * 32);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) {
+          const __m512bh xv = (__m512bh)_mm512_set1_epi32(x[i * ldx_pairs + pair0 + p]);
+#pragma GCC unroll 4
+          for (int j = 0; j < NB; ++j) tmp[i][j] = _mm512_dpbf16_ps(tmp[i][j], xv, wv[j]);
+        }
       }
-      __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + sup * kCols)));
-      if constexpr (SC)
-        scale = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + sub * kCols)))));
-#pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) acc[i] = _mm512_fmadd_ps(tmp[i], scale, acc[i]);
-      if constexpr (MIN) {
-        __m512 shift = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm + sup * kCols)));
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) {
+        const int64_t tile = tile0 + j;
+        const uint16_t* d = w.d + (tile * w.supers + sup) * kCols;
+        __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d)));
         if constexpr (SC)
-          shift = _mm512_mul_ps(shift, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                                           _mm_loadu_si128(reinterpret_cast<const __m128i*>(mc + sub * kCols)))));
-#pragma GCC unroll 8
-        for (int i = 0; i < MR; ++i) acc[i] = _mm512_fmadd_ps(shift, _mm512_set1_ps(xsum[i * ldsum + sub]), acc[i]);
+          scale = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                           reinterpret_cast<const __m128i*>(w.sc + (tile * w.subs + sub) * kCols)))));
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_fmadd_ps(tmp[i][j], scale, acc[i][j]);
+        if constexpr (MIN) {
+          const uint16_t* dm = w.dm + (tile * w.supers + sup) * kCols;
+          __m512 shift = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm)));
+          if constexpr (SC)
+            shift = _mm512_mul_ps(shift, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
+                                             reinterpret_cast<const __m128i*>(w.mc + (tile * w.subs + sub) * kCols)))));
+#pragma GCC unroll 4
+          for (int i = 0; i < MR; ++i)
+            acc[i][j] = _mm512_fmadd_ps(shift, _mm512_set1_ps(xsum[i * ldsum + sub]), acc[i][j]);
+        }
       }
     }
   }
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, acc[i]);
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) _mm512_mask_storeu_ps(y + i * ldy + j * kCols, mask[j], acc[i][j]);
 }
 
-using RowsFn = void (*)(const int32_t*, int64_t, const float*, int64_t, const uint16_t*, int, int64_t,
-                        const Weight&, int64_t, float*, int64_t, __mmask16, bool);
+using RowsFn = void (*)(const int32_t*, int64_t, const float*, int64_t, const uint16_t*, int64_t, int, int64_t,
+                        const Weight&, int64_t, float*, int64_t, int64_t, bool);
 
-template <int SUB, bool SC, bool MIN, int... MRs>
-constexpr std::array<RowsFn, kMaxRows + 1> row_table(std::integer_sequence<int, MRs...>) {
-  return {nullptr, &rows_chunk<MRs + 1, SUB, SC, MIN>...};
-}
+template <int SUB, bool SC, bool MIN>
+struct RowTable {
+  RowsFn fn[kMaxRows + 1][kMaxTiles + 1] = {};
+  template <int MR, int NB>
+  void put() {
+    fn[MR][NB] = &rows_chunk<MR, NB, SUB, SC, MIN>;
+  }
+  RowTable() {
+    put<1, 1>(), put<1, 2>(), put<1, 3>(), put<1, 4>();
+    put<2, 1>(), put<2, 2>(), put<2, 3>(), put<2, 4>();
+    put<3, 1>(), put<3, 2>(), put<3, 3>(), put<3, 4>();
+  }
+};
 
 template <int BITS, int SUB, bool SC, bool MIN>
 void run(const int32_t* x, int64_t m, int64_t k, const float* xsum, const Weight& w, float* y, int64_t ldy,
          int64_t n) {
-  static constexpr auto table = row_table<SUB, SC, MIN>(std::make_integer_sequence<int, kMaxRows>{});
+  static const RowTable<SUB, SC, MIN> table;
   uint16_t lut_values[64];
   for (int i = 0; i < 64; ++i) {
     const float v = static_cast<float>(i - w.zero);  // exact in bf16: the top 16 bits of the float
@@ -151,20 +185,24 @@ void run(const int32_t* x, int64_t m, int64_t k, const float* xsum, const Weight
     lut_values[i] = static_cast<uint16_t>(bitsv >> 16);
   }
   const int64_t tiles = (n + kCols - 1) / kCols, ldx_pairs = k / 2, ldsum = k / SUB;
-  const int64_t bytes = group_bytes(BITS);
-  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    alignas(64) uint16_t scratch[kChunkGroups * kPairs * 32];
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t col0 = t * kCols, left = n - col0;
-      const __mmask16 mask = left >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u);
+  const int64_t bytes = group_bytes(BITS), tile_stride = kChunkGroups * kPairs * 32;
+  const int64_t tile_groups = (tiles + kMaxTiles - 1) / kMaxTiles;
+  at::parallel_for(0, tile_groups, 1, [&](int64_t q0, int64_t q1) {
+    alignas(64) uint16_t scratch[kMaxTiles * kChunkGroups * kPairs * 32];
+    for (int64_t q = q0; q < q1; ++q) {
+      const int64_t tile0 = q * kMaxTiles;
+      const int nb = static_cast<int>(std::min<int64_t>(kMaxTiles, tiles - tile0));
+      const int64_t col0 = tile0 * kCols, cols = std::min<int64_t>(n - col0, nb * kCols);
       for (int64_t g0 = 0; g0 < w.groups; g0 += kChunkGroups) {
         const int ng = static_cast<int>(std::min<int64_t>(kChunkGroups, w.groups - g0));
-        for (int g = 0; g < ng; ++g)
-          decode_group<BITS>(w.codes + (t * w.groups + g0 + g) * bytes, scratch + g * kPairs * 32, lut_values);
+        for (int j = 0; j < nb; ++j)
+          for (int g = 0; g < ng; ++g)
+            decode_group<BITS>(w.codes + ((tile0 + j) * w.groups + g0 + g) * bytes,
+                               scratch + j * tile_stride + g * kPairs * 32, lut_values);
         for (int64_t r = 0; r < m; r += kMaxRows) {
           const int mr = static_cast<int>(std::min<int64_t>(kMaxRows, m - r));
-          table[mr](x + r * ldx_pairs, ldx_pairs, MIN ? xsum + r * ldsum : nullptr, ldsum, scratch, ng, g0, w, t,
-                    y + r * ldy + col0, ldy, mask, g0 == 0);
+          table.fn[mr][nb](x + r * ldx_pairs, ldx_pairs, MIN ? xsum + r * ldsum : nullptr, ldsum, scratch,
+                           tile_stride, ng, g0, w, tile0, y + r * ldy + col0, ldy, cols, g0 == 0);
         }
       }
     }
