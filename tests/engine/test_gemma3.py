@@ -110,7 +110,12 @@ def _check_same(prompts, expected, got, gemma_path, label: str, near_tie: float 
     return check_same(prompts, expected, got, lambda: _hf_model(gemma_path), label, near_tie)
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+SLOW_CONFIGS = ("budget16-nocache", "budget512-cache")  # `make test-all` only (~25 s each)
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CONFIGS else n for n in CONFIGS]
+)
 def test_gemma3_greedy_equals_transformers(name, prompts, reference, gemma_path):
     config = CONFIGS[name]
     with LLM(model=MODEL, dtype="float32", scheduler="sarathi", **config) as llm:

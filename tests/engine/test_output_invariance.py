@@ -34,7 +34,6 @@ CONFIGS = {
     "sarathi-budget16": dict(scheduler="sarathi", token_budget=16),
     "sarathi-budget64": dict(scheduler="sarathi", token_budget=64),
     "sarathi-budget256": dict(scheduler="sarathi", token_budget=256),
-    "sarathi-budget2048": dict(scheduler="sarathi", token_budget=2048),
     "vllm": dict(scheduler="vllm"),
     "orca": dict(scheduler="orca"),
     "faster_transformer": dict(scheduler="faster_transformer", max_num_seqs=12),
@@ -48,7 +47,6 @@ PARALLEL_CONFIGS = {
     "tp2-sarathi": dict(scheduler="sarathi", token_budget=64, tensor_parallel_size=2),
     "tp2-vllm-preempt": dict(scheduler="vllm", num_kv_blocks=60, tensor_parallel_size=2),
     "pp2-sarathi": dict(scheduler="sarathi", token_budget=64, pipeline_parallel_size=2),
-    "pp2-vllm": dict(scheduler="vllm", pipeline_parallel_size=2),
     "pp2-sarathi-preempt": dict(
         scheduler="sarathi", token_budget=64, num_kv_blocks=60, pipeline_parallel_size=2
     ),
@@ -60,15 +58,12 @@ PARALLEL_CONFIGS = {
         pipeline_parallel_size=2,
         distributed_executor_backend="ray",
     ),
-    "ray-tp2-vllm": dict(scheduler="vllm", tensor_parallel_size=2, distributed_executor_backend="ray"),
 }
 # The embedded model served from its GGUF's own Q4_1 blocks (bf16 activations), batched, chunked, preempted
 # and split: held to the bf16 default's rule against the float32 reference (dequantized weights).
 QUANTIZED_CONFIGS = {
     "gguf-sarathi-budget16": dict(scheduler="sarathi", token_budget=16),
-    "gguf-sarathi-budget256": dict(scheduler="sarathi", token_budget=256),
     "gguf-vllm-preempt": dict(scheduler="vllm", num_kv_blocks=60),
-    "gguf-sarathi-preempt": dict(scheduler="sarathi", token_budget=64, num_kv_blocks=60),
     "gguf-tp2-sarathi": dict(scheduler="sarathi", token_budget=64, tensor_parallel_size=2),
     "gguf-pp2-sarathi-preempt": dict(
         scheduler="sarathi", token_budget=64, num_kv_blocks=60, pipeline_parallel_size=2
