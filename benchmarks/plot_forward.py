@@ -2,7 +2,7 @@
 bars per GGUF file (BF16 beside bf16-math, and each quantization served in its own blocks). Below 1 is faster
 than llama.cpp on the same file.
 
-    python -m benchmarks.plot_forward benchmarks/results/model_forward-....json docs/img/forward_vs_llama_cpp.png
+    python -m benchmarks.plot_forward benchmarks/results/model_forward-....json docs/img/forward.png
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def plot(record_path: Path, out: Path) -> None:
     ax.set_ylabel("ours / llama.cpp time (lower is faster)")
     machine = record.get("machine", {}).get("cpu", "")
     model = record.get("settings", {}).get("model", "smollm2")
-    ax.set_title(f"{model}: forward pass vs llama.cpp on the same GGUF ({machine}, commit {record['commit']})")
+    title = f"{model}: forward pass vs llama.cpp on the same GGUF ({machine}, commit {record['commit']})"
+    ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
