@@ -83,6 +83,19 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void decode_group(
   }
 }
 
+// 16 float16 values, widened to float32.
+__attribute__((target("avx512f"))) inline __m512 halves16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// 16 small integers (signed or unsigned bytes), as float32.
+__attribute__((target("avx512f"))) inline __m512 bytes16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+__attribute__((target("avx512f"))) inline __m512 bytes16(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
 // MR rows of x against NB tiles' decoded chunk of `ngroups` groups starting at group g0 (scratch holds tile j's
 // groups at j * tile_stride); accumulates into y (columns of tile0 onwards, `cols` of them valid).
 template <int MR, int NB, int SUB, bool SC, bool MIN>
@@ -130,19 +143,14 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void rows_chunk(
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j) {
         const int64_t tile = tile0 + j;
-        const uint16_t* d = w.d + (tile * w.supers + sup) * kCols;
-        __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d)));
-        if constexpr (SC)
-          scale = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                                           reinterpret_cast<const __m128i*>(w.sc + (tile * w.subs + sub) * kCols)))));
+        const int64_t super_at = (tile * w.supers + sup) * kCols, sub_at = (tile * w.subs + sub) * kCols;
+        __m512 scale = halves16(w.d + super_at);
+        if constexpr (SC) scale = _mm512_mul_ps(scale, bytes16(w.sc + sub_at));
 #pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_fmadd_ps(tmp[i][j], scale, acc[i][j]);
         if constexpr (MIN) {
-          const uint16_t* dm = w.dm + (tile * w.supers + sup) * kCols;
-          __m512 shift = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm)));
-          if constexpr (SC)
-            shift = _mm512_mul_ps(shift, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
-                                             reinterpret_cast<const __m128i*>(w.mc + (tile * w.subs + sub) * kCols)))));
+          __m512 shift = halves16(w.dm + super_at);
+          if constexpr (SC) shift = _mm512_mul_ps(shift, bytes16(w.mc + sub_at));
 #pragma GCC unroll 4
           for (int i = 0; i < MR; ++i)
             acc[i][j] = _mm512_fmadd_ps(shift, _mm512_set1_ps(xsum[i * ldsum + sub]), acc[i][j]);
