@@ -40,6 +40,7 @@ class PrefillAttention:
     # within a window the W latest). None for plain causal attention over the chunk's own keys.
     mask: torch.Tensor | None
     first_key: int = 0  # position of the first key read (a block boundary; > 0 only under a window)
+    window: int = 0  # > 0: each query sees only its `window` latest keys (the mask says so too)
 
     @property
     def num_tokens(self) -> int:
@@ -62,7 +63,9 @@ class PrefillAttention:
         queries = torch.arange(start, self.context_len, device=device)[:, None]
         keys = torch.arange(first_key, self.context_len, device=device)[None, :]
         mask = (keys <= queries) & (keys > queries - window)
-        return replace(self, block_table=self.block_table[first_block:], mask=mask, first_key=first_key)
+        return replace(
+            self, block_table=self.block_table[first_block:], mask=mask, first_key=first_key, window=window
+        )
 
 
 @dataclass(frozen=True)

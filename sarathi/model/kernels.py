@@ -6,6 +6,8 @@
   `benchmarks/bf16_error_budget.py`).
 - `decode_attention`: one-token queries over the paged KV cache read in place (no gather of the context
   into a buffer), float32 math over bf16 or float32 K/V (`csrc/decode_attention.cpp`).
+- `chunk_attention`: a prefill chunk's queries over the bf16 paged cache read in place, causal (and
+  windowed), bf16 products with float32 sums and softmax (`csrc/chunk_attention.cpp`).
 - `argmax_rows`: torch.argmax(dim=-1) for float32 logits, vectorized (`csrc/argmax.cpp`).
 - `silu_mul_bf16`, `add_rms_norm_bf16`: a bf16-math layer's elementwise steps fused, one pass each
   (`csrc/elementwise.cpp`).
@@ -43,11 +45,17 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ok": bool, "why": str once decided
 
 
-def _build_dir() -> Path:
+def source_digest() -> str:
+    """Identifies this build of the kernels (sources, headers, flags, torch): timings measured with one
+    build are not taken for another's."""
     key = hashlib.sha256(torch.__version__.encode() + " ".join(_FLAGS).encode())
     for source in [*_SOURCES, *_HEADERS]:
         key.update(source.name.encode() + source.read_bytes())
-    return cache_root() / "kernels" / f"sarathi_kernels-{key.hexdigest()[:16]}"
+    return key.hexdigest()[:16]
+
+
+def _build_dir() -> Path:
+    return cache_root() / "kernels" / f"sarathi_kernels-{source_digest()}"
 
 
 def _load() -> tuple[bool, str]:
@@ -185,3 +193,21 @@ def main() -> None:
     ok = available()
     took = time.perf_counter() - start
     print(f"sarathi kernels: {'ready' if ok else 'unavailable, using PyTorch kernels'} ({took:.1f} s)")
+
+
+def chunk_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    first_key: int,
+    start: int,
+    window: int,
+    scale: float,
+) -> torch.Tensor:
+    """A prefill chunk's q [n, heads, d] (first token at `start`) over the bf16 cache, read in place:
+    `block_table` holds its keys from `first_key` on; query i sees keys <= start + i (with `window` > 0,
+    the `window` latest). bf16 products, float32 sums and softmax: float32 [n, heads * d]."""
+    return torch.ops.sarathi_kernels.chunk_attention(
+        q, k_cache, v_cache, block_table, first_key, start, window, scale
+    )

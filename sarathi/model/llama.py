@@ -324,7 +324,16 @@ class LlamaForCausalLM(nn.Module):
     ) -> LayerInputs:
         cos, sin = rope_cos_sin(positions, inv_freq)
         return LayerInputs(
-            cos, sin, meta, plan_cache_reads(meta, kv_caches[0][0], self._workspace, ATTENTION_DTYPE)
+            cos,
+            sin,
+            meta,
+            plan_cache_reads(
+                meta,
+                kv_caches[0][0],
+                self._workspace,
+                ATTENTION_DTYPE,
+                bf16_chunks=self.compute_dtype == torch.bfloat16,
+            ),
         )
 
     def hf_weight_sources(self) -> dict[str, list[TensorPart]]:

@@ -4,7 +4,8 @@ Cache layout per layer: k and v are [num_kv_heads, num_blocks, block_size, head_
 [num_kv_heads * num_blocks, block_size * head_dim], one row is one (kv head, block): reading a sequence's
 context is a single `index_select` of whole blocks, and its result is already laid out as
 [sequences * kv_heads, keys, head_dim], the batch-of-matrices shape that grouped matmuls want. Decodes skip
-that gather where our kernel runs (`kernels.decode_attention` reads the blocks in place).
+that gather where our kernel runs (`kernels.decode_attention` reads the blocks in place), and so do prefill
+chunks in the bf16 fast path (`kernels.chunk_attention`: bf16 products, float32 sums and softmax).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class CacheReadPlan:
     decode_bias: torch.Tensor | None  # float32[B * kv_heads, 1, max_blocks * block_size]
     decode_in_place: bool  # decodes read the cache in place with our kernel (then no rows or bias above)
     decode_tables: torch.Tensor | None  # LongTensor[B, max_blocks], for the kernel
+    chunks_in_place: bool  # prefill chunks read the cache in place with our chunk kernel (then no rows)
     decode_lens: torch.Tensor | None  # LongTensor[B]
     prefill_rows: tuple[torch.Tensor | None, ...]  # per prefill chunk, ordered (head, block); None if start 0
     decode_window: int  # > 0: decodes see only their `decode_window` latest keys
@@ -56,9 +58,17 @@ class CacheReadPlan:
 
 
 def plan_cache_reads(
-    meta: AttentionMetadata, k_cache: torch.Tensor, workspace: GatherWorkspace, compute_dtype: torch.dtype
+    meta: AttentionMetadata,
+    k_cache: torch.Tensor,
+    workspace: GatherWorkspace,
+    compute_dtype: torch.dtype,
+    bf16_chunks: bool = False,
 ) -> CacheReadPlan:
-    """Compute, once per forward, which cache rows each attention group reads (shared by all layers)."""
+    """Compute, once per forward, which cache rows each attention group reads (shared by all layers).
+
+    `bf16_chunks`: the model computes in the bf16 fast path, so prefill chunks may attend with bf16
+    products (our chunk kernel, where it serves this cache); otherwise they attend in `compute_dtype`.
+    """
     kv_heads, num_blocks, block_size, head_dim = k_cache.shape
     head_offsets = torch.arange(kv_heads, device=meta.positions.device) * num_blocks
     decode_rows = decode_bias = decode_tables = decode_lens = None
@@ -69,8 +79,11 @@ def plan_cache_reads(
         tables = meta.decode.block_tables
         decode_rows = (tables[:, None, :] + head_offsets[None, :, None]).reshape(-1)
         decode_bias = meta.decode.attn_bias.repeat_interleave(kv_heads, dim=0)
+    chunks_in_place = bf16_chunks and bool(meta.prefills) and chunk_kernel_serves(k_cache)
     prefill_rows = tuple(
-        (p.block_table[None, :] + head_offsets[:, None]).reshape(-1) if p.reads_cache else None
+        (p.block_table[None, :] + head_offsets[:, None]).reshape(-1)
+        if p.reads_cache and not chunks_in_place
+        else None
         for p in meta.prefills
     )
     most_rows = max([r.numel() for r in (decode_rows, *prefill_rows) if r is not None], default=0)
@@ -84,6 +97,7 @@ def plan_cache_reads(
         decode_bias,
         in_place,
         decode_tables,
+        chunks_in_place,
         decode_lens,
         prefill_rows,
         meta.decode.window if meta.decode is not None else 0,
@@ -103,6 +117,16 @@ def decode_kernel_serves(k_cache: torch.Tensor, compute_dtype: torch.dtype) -> b
         and k_cache.dtype in (torch.float32, torch.bfloat16)
         and head_dim % 16 == 0
         and head_dim <= 256
+        and kernels.available()
+    )
+
+
+def chunk_kernel_serves(k_cache: torch.Tensor) -> bool:
+    """Whether our chunk-attention kernel handles this cache (bf16; head_dim a multiple of 16)."""
+    return (
+        k_cache.device.type == "cpu"
+        and k_cache.dtype == torch.bfloat16
+        and k_cache.shape[-1] % 16 == 0
         and kernels.available()
     )
 
@@ -170,8 +194,14 @@ def _chunk_attention(
     plan: CacheReadPlan,
     scale: float,
 ) -> torch.Tensor:
-    """A prefill chunk over its keys: its own new k, v when it starts at 0, else its blocks in the cache."""
+    """A prefill chunk over its keys: its own new k, v when it starts at 0, else its blocks in the cache
+    (read in place by our kernel where the plan says so, for every chunk)."""
     rows_of_chunk = slice(p.token_start, p.token_end)
+    if plan.chunks_in_place:
+        start = p.context_len - p.num_tokens
+        return kernels.chunk_attention(
+            q[rows_of_chunk], k_cache, v_cache, p.block_table, p.first_key, start, p.window, scale
+        )
     if rows is None:
         keys, values = k[rows_of_chunk].transpose(0, 1), v[rows_of_chunk].transpose(0, 1)
     else:

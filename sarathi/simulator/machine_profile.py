@@ -62,8 +62,12 @@ def profile_key(config: EngineConfig) -> dict:
     """What a latency profile depends on."""
     import torch
 
+    from sarathi.model import kernels
+
     m, p = config.model, config.parallel
     return {
+        "kernels": kernels.source_digest(),
+        "quantization": m.quantization,
         "cpu": cpu_identity().key(),
         "grid_version": GRID_VERSION,
         "cores": os.cpu_count(),

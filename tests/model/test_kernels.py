@@ -1,5 +1,6 @@
 """Our C++ kernels against float64 references computed with PyTorch: the bf16 GEMM (bf16 inputs, float32
-accumulation and output) and decode attention over a paged cache read in place.
+accumulation and output), decode attention over a paged cache read in place, and prefill-chunk attention
+(bf16 products, float32 sums) over the same cache.
 
 Shapes cover odd row counts, widths that are not a multiple of the kernel's 16-column blocks, batch sizes
 1 / 7 / 64, contexts ending on and off block boundaries, and both compiled and generic attention groupings.
@@ -118,6 +119,62 @@ def test_decode_attention_refuses_contexts_outside_the_table():
         kernels.decode_attention(torch.zeros(1, 2, 64), k, k, tables, torch.tensor([33]), 0.1)
     with pytest.raises(RuntimeError, match="context length"):
         kernels.decode_attention(torch.zeros(1, 2, 64), k, k, tables, torch.tensor([0]), 0.1)
+
+
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,block_size",
+    [(9, 3, 64, 16), (4, 1, 256, 16), (8, 2, 128, 5), (16, 16, 32, 16), (32, 2, 64, 16)],
+)
+@pytest.mark.parametrize(
+    "start,tokens,window",
+    [
+        (0, 1, 0),
+        (0, 37, 0),  # a whole prompt, several tiles
+        (15, 2, 0),  # straddles a block boundary
+        (700, 16, 0),
+        (100, 130, 0),
+        (20, 40, 16),  # every query's window starts inside the chunk's cached keys or its own
+        (300, 33, 64),
+        (50, 9, 512),  # the window longer than the context
+    ],
+)
+def test_chunk_attention_matches_reference(heads, kv_heads, head_dim, block_size, start, tokens, window):
+    """Each query of a chunk sees the keys up to its own position (within the window): the float64 result
+    of the same attention on the bf16-rounded scaled queries, up to the rounding of the softmax weights."""
+    g = torch.Generator().manual_seed(start * 7 + tokens + heads)
+    context = start + tokens
+    blocks = -(-context // block_size)
+    num_blocks = blocks + 9
+    k_cache = (torch.randn(kv_heads, num_blocks, block_size, head_dim, generator=g) * 2).bfloat16()
+    v_cache = torch.randn(kv_heads, num_blocks, block_size, head_dim, generator=g).bfloat16()
+    table = torch.randperm(num_blocks, generator=g)[:blocks]
+    q = torch.randn(tokens, heads, head_dim, generator=g)
+    scale = head_dim**-0.5
+    first_key = max(0, start - window + 1) // block_size * block_size if window else 0
+    out = kernels.chunk_attention(
+        q, k_cache, v_cache, table[first_key // block_size :], first_key, start, window, scale
+    )
+    tables = table[None].expand(tokens, -1)
+    lens = torch.arange(start + 1, context + 1)
+    rounded = (q * scale).bfloat16().float()
+    ref = _reference_attention(rounded, k_cache, v_cache, tables, lens, 1.0, window)
+    exact = _reference_attention(q, k_cache, v_cache, tables, lens, scale, window)
+    assert out.dtype == torch.float32 and out.shape == (tokens, heads * head_dim)
+    assert (out.double() - ref).abs().max() < 4e-3  # |v| < ~5: weights rounded to bf16 (2^-9 relative)
+    assert (out.double() - exact).norm() < 1e-2 * exact.norm()
+
+
+def test_chunk_attention_refuses_bad_geometry():
+    k = torch.zeros(1, 4, 16, 64, dtype=torch.bfloat16)
+    q = torch.zeros(3, 2, 64)
+    with pytest.raises(RuntimeError, match="block table"):
+        kernels.chunk_attention(q, k, k, torch.tensor([0, 1]), 0, 40, 0, 0.1)
+    with pytest.raises(RuntimeError, match="first_key"):
+        kernels.chunk_attention(q, k, k, torch.tensor([1, 2]), 16, 40, 0, 0.1)
+    with pytest.raises(RuntimeError, match="bf16"):
+        kernels.chunk_attention(q, k.float(), k.float(), torch.tensor([0, 1]), 0, 10, 0, 0.1)
+    with pytest.raises(RuntimeError, match="block id"):
+        kernels.chunk_attention(q, k, k, torch.tensor([0, 9]), 0, 10, 0, 0.1)
 
 
 @pytest.mark.parametrize("shape", [(64, 49152), (1, 49152), (7, 50), (3, 5), (5, 17), (3, 64), (4, 129)])

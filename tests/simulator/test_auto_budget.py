@@ -10,6 +10,7 @@ import pytest
 from sarathi.benchmark.capacity import CapacityResult, Probe, SearchSettings, Slo
 from sarathi.benchmark.workload import WorkloadConfig
 from sarathi.config import engine_config
+from sarathi.model import kernels
 from sarathi.simulator import auto_budget, machine_profile
 from sarathi.simulator.batch_shape import BatchShape
 from sarathi.simulator.cpu_identity import parse_cpuinfo
@@ -53,6 +54,10 @@ def test_profile_key_names_the_cpu_precisely(monkeypatch):
     monkeypatch.setattr(machine_profile, "cpu_identity", lambda: fake)
     key = machine_profile.profile_key(engine_config())
     assert key["cpu"] == fake.key() and key["grid_version"] == machine_profile.GRID_VERSION
+    # a kernel change or quantized weights time differently: their profiles are measured anew
+    assert key["kernels"] == kernels.source_digest() and key["quantization"] == "none"
+    quantized = machine_profile.cached_profile_path(engine_config(quantization="int8"))
+    assert quantized != machine_profile.cached_profile_path(engine_config())
     other = parse_cpuinfo(CPUINFO.replace("avx512_bf16 ", ""))
     path = machine_profile.cached_profile_path(engine_config())
     monkeypatch.setattr(machine_profile, "cpu_identity", lambda: other)
