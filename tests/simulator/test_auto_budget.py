@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from sarathi.benchmark.capacity import CapacityResult, Probe, SearchSettings, Slo
+from sarathi.benchmark.profiler import ProfileResult
 from sarathi.benchmark.workload import WorkloadConfig
 from sarathi.config import engine_config
 from sarathi.model import kernels
@@ -76,6 +77,31 @@ def test_the_grid_covers_whole_prompts_and_many_decodes_at_long_context():
     assert all(p.context_len + max(p.prefill_tokens, 1) <= 1024 for p in short[0] + short[1])
     # One-time cost on the slowest kept machine (2-core Zen4): about what the old 87-point grid took.
     assert machine_profile.predicted_profile_seconds(MeasuredLatencyModel.load(ZEN4), 8192) < 120
+
+
+def _result(prefill: int, decodes: int, context: int, ms: float) -> ProfileResult:
+    tokens = prefill + decodes
+    return ProfileResult(prefill, decodes, context, tokens, "mixed", 2, ms, ms, ms)
+
+
+def test_points_the_first_fit_misses_are_timed_again():
+    """One point spoiled by a moment of load (here the one-sequence decode, measured 2x its time) is timed
+    again; the rest, and the large prompts, keep their first times."""
+    law = lambda p, d, c: 12.0 + 0.5 * (p + d) + 0.002 * d * c + 0.0001 * p * c  # noqa: E731
+    shapes = [(p, d, c) for p in (0, 16, 64, 256) for d in (0, 1, 4, 16, 32) for c in (128, 1024) if p + d]
+    shapes += [(1024, 0, 0), (2048, 0, 0)]
+    results = [_result(*shape, law(*shape) * (2.0 if shape == (0, 1, 128) else 1.0)) for shape in shapes]
+    asked = []
+
+    def measure(points):
+        asked.extend(points)
+        shapes = [(p.prefill_tokens, p.decode_batch_size, p.context_len) for p in points]
+        return [_result(*shape, law(*shape)) for shape in shapes]
+
+    fixed = machine_profile.remeasure_misfits(results, measure)
+    assert [(p.prefill_tokens, p.decode_batch_size, p.context_len) for p in asked] == [(0, 1, 128)]
+    assert [r.median_ms for r in fixed] == [law(*shape) for shape in shapes]
+    assert machine_profile.remeasure_misfits(fixed, lambda points: pytest.fail("nothing to time")) == fixed
 
 
 def test_mixed_iteration_is_a_full_chunk_beside_the_decodes():
