@@ -23,8 +23,7 @@ class Tokenizer:
             os.path.join(folder, "tokenizer.model")
         ):
             raise FileNotFoundError(f"no tokenizer.json in model folder {folder}")
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # local_files_only: no hub, without setting the process's env
 
         self._tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         self.folder = folder

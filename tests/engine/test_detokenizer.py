@@ -3,6 +3,7 @@ against the tokenizer's own decode of the whole output, on the embedded model's 
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -19,6 +20,14 @@ TEXTS = [
 
 def feed(detok: IncrementalDetokenizer, ids: list[int]) -> str:
     return "".join(detok.add([t]) for t in ids)
+
+
+def test_loading_a_tokenizer_leaves_the_process_hub_settings_alone(smollm2_path, monkeypatch):
+    """The tokenizer reads its local folder only; it does not switch the whole process offline."""
+    from sarathi.tokenizer import Tokenizer
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert Tokenizer(smollm2_path).encode("Hello") and "HF_HUB_OFFLINE" not in os.environ
 
 
 def test_the_embedded_tokenizer_takes_the_byte_level_path(smollm2_tokenizer):
