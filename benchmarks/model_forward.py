@@ -1,5 +1,6 @@
 """Forward-pass times of the embedded SmolLM2-135M (or, with --model 1b / 3b, random weights at Llama 3.2's
-1B / 3B shapes, benchmarks/random_gguf.py): our paged model vs Hugging Face transformers (eager).
+1B / 3B shapes, benchmarks/random_gguf.py; with --model gemma3-270m, the packaged Gemma 3 270M Q4_K_M file):
+our paged model vs Hugging Face transformers (eager).
 
 Prefill: one sequence of T tokens from position 0 (logits of the last token only).
 Decode: B sequences, one new token each, every sequence with CONTEXT tokens already cached.
@@ -57,6 +58,7 @@ PRECISIONS = {
 }
 QUANTIZED = ("Q4_1", "Q8_0", "Q4_K_M")  # GGUF files of the embedded weights; Q4_1 is the one shipped
 DEFAULT_PRECISIONS = "float32,bfloat16,bf16-math,Q4_1"
+GEMMA = "gemma3-270m"
 
 
 def timed(fn: Callable[[], object], reps: int) -> tuple[float, float]:
@@ -215,17 +217,23 @@ def hf_decode(hf, arch, dtype, batch: int) -> Callable[[], object]:
 
 
 def source_gguf(model: str):
-    """The GGUF the files of a --model are made from: the embedded Q4_1 file, or the random F16 one."""
+    """The GGUF the files of a --model are made from: the embedded Q4_1 file, Gemma 3's Q4_K_M file, or
+    the random F16 one."""
     from benchmarks.random_gguf import ensure_random_gguf
-    from sarathi.model.embedded import embedded_gguf_path
+    from sarathi.model.embedded import PACKAGED_MODELS, embedded_gguf_path
 
+    if model == GEMMA:
+        return PACKAGED_MODELS[GEMMA].gguf_path()
     return embedded_gguf_path() if model == "smollm2" else ensure_random_gguf(model)
 
 
 def gguf_file(name: str, model: str = "smollm2"):
-    """The GGUF file a precision runs on with llama.cpp: BF16 for bf16-math, else the named quantization."""
+    """The GGUF file a precision runs on with llama.cpp: BF16 for bf16-math, else the named quantization
+    (the source file itself where it is that quantization)."""
     from benchmarks.llama_cpp_build import ensure_gguf
 
+    if (model, name) == (GEMMA, "Q4_K_M"):
+        return source_gguf(model)
     return ensure_gguf("BF16" if name == "bf16-math" else name, src=source_gguf(model))
 
 
@@ -277,18 +285,18 @@ def main() -> None:
     parser.add_argument(
         "--model",
         default="smollm2",
-        choices=["smollm2", "1b", "3b"],
-        help="the embedded SmolLM2, or random weights at Llama 3.2 1B / 3B shapes (bf16-math and quantized "
-        "precisions only; their files are made with llama-quantize)",
+        choices=["smollm2", "1b", "3b", GEMMA],
+        help="the embedded SmolLM2, random weights at Llama 3.2 1B / 3B shapes, or Gemma 3 270M's packaged "
+        "Q4_K_M file (bf16-math and quantized precisions only; other files are made with llama-quantize)",
     )
     args = parser.parse_args()
     names = args.precisions.split(",")
     if args.model != "smollm2":
         args.no_hf = True
         if args.precisions == DEFAULT_PRECISIONS:
-            names = ["bf16-math", *QUANTIZED]
+            names = ["bf16-math", "Q4_K_M", "Q8_0"] if args.model == GEMMA else ["bf16-math", *QUANTIZED]
         if {"float32", "bfloat16"} & set(names):
-            parser.error("--model 1b / 3b runs bf16-math and the quantized precisions")
+            parser.error(f"--model {args.model} runs bf16-math and the quantized precisions")
     unknown = [n for n in names if n not in PRECISIONS and n not in QUANTIZED]
     if unknown:
         parser.error(f"unknown precisions: {', '.join(unknown)}")

@@ -34,8 +34,6 @@ class Sampler:
     def __init__(self, seed: int = 0, eos_token_ids: tuple[int, ...] = ()) -> None:
         self._unseeded = torch.Generator().manual_seed(seed)
         self.eos_token_ids = eos_token_ids
-        fault = os.environ.get(FAULT_TOKEN_ENV)
-        self._fault_token_id = int(fault) if fault else None
 
     def sample(
         self,
@@ -72,8 +70,6 @@ class Sampler:
         steps: list[int],
         token_ids: list[list[int]] | None,
     ) -> list[SampledToken]:
-        if self._fault_token_id is not None and any(self._fault_token_id in p.stop_token_ids for p in params):
-            raise RuntimeError(f"injected fault ({FAULT_TOKEN_ENV}={self._fault_token_id})")
         tokens = self(logits, params, steps, token_ids)
         logprobs = token_logprobs(logits, params, tokens)
         return [SampledToken(t, lp) for t, lp in zip(tokens, logprobs, strict=True)]
@@ -117,6 +113,26 @@ class Sampler:
             if banned:
                 logits[i, banned] = float("-inf")
         return logits
+
+
+class FaultInjectingSampler(Sampler):
+    """A ``Sampler`` that raises for rows whose request lists ``fault_token_id`` among its stop ids (tests
+    only: set through ``$SARATHI_TEST_FAULT_TOKEN_ID``), kept out of the real sampler's path."""
+
+    def __init__(self, fault_token_id: int, seed: int = 0, eos_token_ids: tuple[int, ...] = ()) -> None:
+        super().__init__(seed, eos_token_ids)
+        self.fault_token_id = fault_token_id
+
+    def _sample_rows(self, logits, params, steps, token_ids):
+        if any(self.fault_token_id in p.stop_token_ids for p in params):
+            raise RuntimeError(f"injected fault ({FAULT_TOKEN_ENV}={self.fault_token_id})")
+        return super()._sample_rows(logits, params, steps, token_ids)
+
+
+def make_sampler(seed: int = 0, eos_token_ids: tuple[int, ...] = ()) -> Sampler:
+    """The worker's sampler; with ``$SARATHI_TEST_FAULT_TOKEN_ID`` set (tests only), one that can fail."""
+    fault = os.environ.get(FAULT_TOKEN_ENV)
+    return FaultInjectingSampler(int(fault), seed, eos_token_ids) if fault else Sampler(seed, eos_token_ids)
 
 
 def token_logprobs(

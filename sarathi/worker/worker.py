@@ -18,7 +18,7 @@ from sarathi.model.parallel import WHOLE_MODEL, ParallelContext, ShardSpec, Tens
 from sarathi.worker.grammar_masks import CONSTRAINT_FAILED, GrammarMasks
 from sarathi.worker.model_runner import ModelRunner, RequestState
 from sarathi.worker.prompt_logprobs import score_prompt_rows
-from sarathi.worker.sampler import Sampler
+from sarathi.worker.sampler import make_sampler
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # How long a step that runs no model waits for a matcher build to finish before answering: the engine
@@ -56,7 +56,7 @@ class Worker:
         block_size = config.cache.block_size
         self.kv_caches = allocate_kv_cache(self.arch, num_kv_blocks, block_size, self.dtype, device, shard)
         self.runner = ModelRunner(self.model, self.kv_caches, block_size, device)
-        self.sampler = Sampler(mc.seed, eos_token_ids) if shard.is_last_stage else None
+        self.sampler = make_sampler(mc.seed, eos_token_ids) if shard.is_last_stage else None
         self.grammars = (
             GrammarMasks(tokenizer_dir, self.arch.vocab_size, eos_token_ids) if shard.is_last_stage else None
         )

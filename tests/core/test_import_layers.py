@@ -31,8 +31,7 @@ KNOWN_UPWARD_EDGES = {
     ("sarathi.simulator.tune_cli", "sarathi.entrypoints.args"),
 }
 KNOWN_TORCH_IN_CORE_OR_ENGINE = {"sarathi.engine.llm_engine"}
-KNOWN_CIRCLES = {  # the three issue 27 names
-    frozenset({"sarathi.entrypoints.openai.protocol", "sarathi.entrypoints.openai.tool_calls"}),
+KNOWN_CIRCLES = {  # two of the three issue 27 names (protocol <-> tool_calls is gone)
     frozenset(
         {
             "sarathi.benchmark.bench_cli",

@@ -40,10 +40,11 @@ from sarathi.entrypoints.openai.engine_requests import (
     sse,
     submit,
 )
+from sarathi.entrypoints.openai.errors import APIError
 from sarathi.entrypoints.openai.guards import AccessPolicy, install_access_policy
 from sarathi.entrypoints.openai.json_pieces import PiecewiseJSONResponse, sse_in_pieces
 from sarathi.entrypoints.openai.openapi_docs import document_request_bodies
-from sarathi.entrypoints.openai.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from sarathi.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from sarathi.entrypoints.openai.request_checks import (
     check_model,
     encode_chat,

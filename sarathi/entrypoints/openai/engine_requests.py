@@ -11,7 +11,7 @@ from fastapi import Request
 
 from sarathi.engine.core_client import EngineDeadError, RequestRejectedError, RequestStream
 from sarathi.entrypoints.openai.choices import ChoiceResult
-from sarathi.entrypoints.openai.protocol import APIError
+from sarathi.entrypoints.openai.errors import APIError
 from sarathi.entrypoints.openai.server_state import ServerState
 from sarathi.entrypoints.openai.structured_requests import check_constraints
 from sarathi.outputs import RequestOutput, TokenLogprob

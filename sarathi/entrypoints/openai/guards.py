@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 
-from sarathi.entrypoints.openai.protocol import APIError
+from sarathi.entrypoints.openai.errors import APIError
 from sarathi.entrypoints.openai.work_bounds import WorkLimits
 
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20

@@ -1,4 +1,4 @@
-"""Request bodies of the OpenAI-compatible API (pydantic) and the OpenAI-style error.
+"""Request bodies of the OpenAI-compatible API (pydantic).
 
 Fields that common clients send but we do not act on are accepted when they ask for the default
 behaviour (e.g. ``best_of=1``, ``repetition_penalty=1``) and rejected with a 400 naming them otherwise
@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from sarathi.entrypoints.openai.errors import APIError
 from sarathi.sampling_params import MAX_CHOICES, SamplingParams
 
 MAX_BATCH_PROMPTS = 256  # prompts in one /v1/completions request
@@ -19,42 +20,8 @@ NonNegInt = Annotated[int, Field(ge=0)]
 TokenId = Annotated[StrictInt, Field(ge=0)]
 
 
-class APIError(Exception):
-    """An error answered as ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
-
-    def __init__(
-        self,
-        message: str,
-        status: int = 400,
-        param: str | None = None,
-        type: str = "invalid_request_error",
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message, self.status, self.param, self.type, self.code = message, status, param, type, code
-        self.headers = headers
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
 def _unsupported(param: str, why: str) -> None:
     raise APIError(f"{param}: {why}", param=param, code="unsupported")
-
-
-def validation_error(e: ValidationError) -> APIError:
-    """The first pydantic error as an APIError naming the offending field."""
-    err = e.errors()[0]
-    # Union members show up in the location as type names ("str", "list[int]"); they are not fields.
-    path = [str(p) for p in err["loc"] if not (isinstance(p, str) and (p in _TYPE_NAMES or "[" in p))]
-    param = ".".join(path) or None
-    if len(e.errors()) > 1 and all(x["loc"][:1] == err["loc"][:1] for x in e.errors()):
-        return APIError(f"{param}: not a valid value of any accepted type", param=param)
-    return APIError(f"{param}: {err['msg']}" if param else err["msg"], param=param)
-
-
-_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
 class StreamOptions(BaseModel):
@@ -218,25 +185,6 @@ class ChatMessage(BaseModel):
         return "".join(parts)
 
 
-def conversation(messages: list[ChatMessage]) -> list[dict]:
-    """Messages as plain dicts for the chat template; a non-text part is an APIError naming it. An
-    assistant's earlier tool calls and tool answers are written in the Hermes style."""
-    from sarathi.entrypoints.openai.tool_calls import render_assistant_calls  # it imports APIError
-
-    out = []
-    for i, m in enumerate(messages):
-        try:
-            text = m.text()
-        except ValueError as e:
-            raise APIError(f"messages.{i}.content: {e}", param=f"messages.{i}.content") from e
-        if m.role == "assistant" and m.tool_calls:
-            text = "\n".join(t for t in (text, render_assistant_calls(m.tool_calls)) if t)
-        elif m.role == "tool":
-            text = f"<tool_response>\n{text}\n</tool_response>"
-        out.append({"role": m.role, "content": text})
-    return out
-
-
 class ChatCompletionRequest(_SamplingRequest):
     """``POST /v1/chat/completions``."""
 
@@ -257,10 +205,6 @@ class ChatCompletionRequest(_SamplingRequest):
 
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
-
-    def conversation(self) -> list[dict]:
-        """Messages as plain dicts for the chat template."""
-        return conversation(self.messages)
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sarathi.entrypoints.openai.protocol import APIError
+from sarathi.entrypoints.openai.errors import APIError
 
 
 @dataclass(frozen=True)

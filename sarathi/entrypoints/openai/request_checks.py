@@ -12,18 +12,13 @@ from typing import Any
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
+from sarathi.entrypoints.openai.errors import APIError, validation_error
 from sarathi.entrypoints.openai.guards import read_body
-from sarathi.entrypoints.openai.protocol import (
-    APIError,
-    ChatCompletionRequest,
-    ChatMessage,
-    conversation,
-    validation_error,
-)
+from sarathi.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
 from sarathi.entrypoints.openai.refusals import Refusal, check_refusals
 from sarathi.entrypoints.openai.server_state import ServerState
 from sarathi.entrypoints.openai.structured_requests import bounded, structured_output_of
-from sarathi.entrypoints.openai.tool_calls import ToolPlan, with_tool_prompt
+from sarathi.entrypoints.openai.tool_calls import ToolPlan, conversation, with_tool_prompt
 from sarathi.sampling_params import SamplingParams
 
 

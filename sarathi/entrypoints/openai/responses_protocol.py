@@ -16,7 +16,8 @@ from typing import Any
 
 from pydantic import PrivateAttr
 
-from sarathi.entrypoints.openai.protocol import APIError, ChatMessage, _SamplingRequest
+from sarathi.entrypoints.openai.errors import APIError
+from sarathi.entrypoints.openai.protocol import ChatMessage, _SamplingRequest
 
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 _TEXT_PARTS = ("input_text", "output_text", "text")

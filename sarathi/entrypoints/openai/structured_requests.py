@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from sarathi.entrypoints.openai.constraint_checker import ConstraintChecker
-from sarathi.entrypoints.openai.protocol import APIError
+from sarathi.entrypoints.openai.errors import APIError
 from sarathi.structured_output import (
     ANY_JSON_OBJECT,
     ConstraintError,

@@ -14,7 +14,8 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from sarathi.entrypoints.openai.protocol import APIError, ChatMessage, TokenId
+from sarathi.entrypoints.openai.errors import APIError
+from sarathi.entrypoints.openai.protocol import ChatMessage, TokenId
 from sarathi.entrypoints.openai.refusals import TOKENIZE
 from sarathi.entrypoints.openai.request_checks import check_model, encode_chat, parse_request
 from sarathi.entrypoints.openai.server_state import ServerState

@@ -25,10 +25,13 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from sarathi.entrypoints.openai.protocol import APIError
+from sarathi.entrypoints.openai.errors import APIError
 from sarathi.structured_output import StructuredOutput
+
+if TYPE_CHECKING:
+    from sarathi.entrypoints.openai.protocol import ChatMessage
 
 TOOL_CALL_PARSERS = ("hermes",)
 _HERMES_CLOSE = "</tool_call>"
@@ -259,3 +262,20 @@ def render_assistant_calls(tool_calls: list[Any]) -> str:
         body = json.dumps({"name": fn.get("name"), "arguments": arguments}, ensure_ascii=False)
         parts.append(f"<tool_call>\n{body}\n</tool_call>")
     return "\n".join(parts)
+
+
+def conversation(messages: list[ChatMessage]) -> list[dict]:
+    """Messages as plain dicts for the chat template; a non-text part is an APIError naming it. An
+    assistant's earlier tool calls and tool answers are written in the Hermes style."""
+    out = []
+    for i, m in enumerate(messages):
+        try:
+            text = m.text()
+        except ValueError as e:
+            raise APIError(f"messages.{i}.content: {e}", param=f"messages.{i}.content") from e
+        if m.role == "assistant" and m.tool_calls:
+            text = "\n".join(t for t in (text, render_assistant_calls(m.tool_calls)) if t)
+        elif m.role == "tool":
+            text = f"<tool_response>\n{text}\n</tool_response>"
+        out.append({"role": m.role, "content": text})
+    return out

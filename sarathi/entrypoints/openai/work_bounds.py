@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sarathi.entrypoints.openai.choices import PromptJob
-from sarathi.entrypoints.openai.protocol import APIError
+from sarathi.entrypoints.openai.errors import APIError
 
 DEFAULT_MAX_N = 16
 DEFAULT_MAX_BATCH_PROMPTS = 64
