@@ -7,6 +7,7 @@ import torch
 
 from sarathi import LLM, LLMEngine, SamplingParams
 from sarathi.config import engine_config
+from sarathi.worker.sampler import FaultInjectingSampler
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -191,7 +192,9 @@ def test_a_request_whose_sampling_raises_fails_alone(llm, monkeypatch):
     engine = llm.engine
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     expected = llm.generate("The weather today is", params, use_tqdm=False)[0].token_ids
-    monkeypatch.setattr(engine.executor.worker.sampler, "_fault_token_id", 777)
+    worker = engine.executor.worker
+    faulty = FaultInjectingSampler(777, eos_token_ids=worker.sampler.eos_token_ids)
+    monkeypatch.setattr(worker, "sampler", faulty)
     engine.add_request("good", "The weather today is", params)
     engine.add_request("faulty", "The weather today is", SamplingParams(max_tokens=8, stop_token_ids=[777]))
     finished = _drain(engine)
