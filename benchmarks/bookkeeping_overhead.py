@@ -21,7 +21,7 @@ from sarathi.benchmark.metrics_store import MetricsStore
 from sarathi.benchmark.runner import run_in_process, warm_up
 from sarathi.benchmark.workload import SyntheticLengths, TokenSpace, WorkloadConfig, generate_workload
 from sarathi.config import engine_config
-from sarathi.engine.llm_engine import LLMEngine
+from sarathi.entrypoints.build import build_engine
 
 
 class LoggingStore(MetricsStore):
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--no-save", action="store_true", help="print only, do not write a result record")
     args = parser.parse_args()
 
-    engine = LLMEngine(engine_config(scheduler=args.scheduler))
+    engine = build_engine(engine_config(scheduler=args.scheduler))
     workload = WorkloadConfig(
         trace="synthetic",
         num_requests=args.num_requests,

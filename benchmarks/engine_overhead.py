@@ -22,7 +22,7 @@ from benchmarks.record import save_result
 from sarathi.benchmark.runner import bench_params, warm_up
 from sarathi.config import engine_config
 from sarathi.engine.core_messages import CoreOutputs
-from sarathi.engine.llm_engine import LLMEngine
+from sarathi.entrypoints.build import build_engine
 
 PARTS = (
     ("schedule", "scheduling"),
@@ -52,8 +52,10 @@ def _wrap(owner: object, name: str, part: str, spent: dict[str, float]) -> None:
 
 def measure(running: int, prompt_len: int, output_len: int, dtype: str) -> dict:
     """Per-part medians (seconds per iteration) over the all-decode iterations with ``running`` requests."""
-    engine = LLMEngine(engine_config(None, dtype=dtype, max_num_seqs=running, token_budget=max(256, running)))
-    vocab = engine.arch.vocab_size
+    engine = build_engine(
+        engine_config(None, dtype=dtype, max_num_seqs=running, token_budget=max(256, running))
+    )
+    vocab = engine.model.vocab_size
     warm_up(engine, [11 + j for j in range(prompt_len)])
     worker = engine.executor.worker
     spent: dict[str, float] = defaultdict(float)
@@ -73,9 +75,9 @@ def measure(running: int, prompt_len: int, output_len: int, dtype: str) -> dict:
     while engine.has_unfinished_requests():
         spent.clear()
         start = time.perf_counter()
-        outputs = engine.step()
+        result = engine.step()
         t0 = time.perf_counter()
-        pickle.dumps(CoreOutputs(outputs=outputs, iterations=[engine.stats[-1]]), protocol=5)
+        pickle.dumps(CoreOutputs(outputs=result.outputs, iterations=[result.iteration]), protocol=5)
         spent["pickle"] += time.perf_counter() - t0
         total = time.perf_counter() - start
         stats = engine.stats[-1]

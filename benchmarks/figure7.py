@@ -48,7 +48,7 @@ def run(llm: LLM, long_tokens: int, arrive_after: int, max_tokens: int):
         if steps == arrive_after:
             for i in range(2):
                 engine.add_request(f"long-{i}", summary, params)
-        for out in engine.step():
+        for out in engine.step().outputs:
             if out.finished:
                 outputs[out.request_id] = out
         steps += 1

@@ -29,9 +29,9 @@ from benchmarks.record import save_result
 from sarathi.benchmark.capacity import Probe, SearchSettings, Slo, find_capacity
 from sarathi.benchmark.workload import WorkloadConfig
 from sarathi.config import engine_config
+from sarathi.simulator.cluster import simulate_one
 from sarathi.simulator.gpu import gpu_simulation
 from sarathi.simulator.model_spec import ModelSpec
-from sarathi.simulator.simulate_cli import simulate_one
 
 # The paper's headline capacity gains of Sarathi-Serve over vLLM (abstract, OSDI'24), best case.
 PAPER_GAIN_OVER_VLLM = {"mistral-7b": 2.6, "yi-34b": 3.7, "falcon-180b": 5.6}

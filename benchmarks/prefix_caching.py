@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 
 from benchmarks.record import save_result
-from sarathi.benchmark.bench_cli import BenchConfig, run_one_in_process
+from sarathi.benchmark.bench import BenchConfig, run_one_in_process
 from sarathi.benchmark.capacity import Probe, SearchSettings, Slo, find_capacity
 from sarathi.benchmark.chat_workload import ChatWorkloadConfig
 from sarathi.config import engine_config
-from sarathi.engine.llm_engine import LLMEngine
+from sarathi.entrypoints.build import build_engine
 
 KEYS = ("ttft_p50", "ttft_p99", "tbt_p99", "scheduling_delay_p50", "throughput_tokens_per_s")
 
@@ -84,9 +84,9 @@ def main() -> None:
             seed=args.seed,
         )
         config = BenchConfig(label, args.scheduler, args.token_budget)
-        engine = LLMEngine(ec)
+        engine = build_engine(ec)
         try:
-            s = run_one_in_process(ec, workload(args.qps), config, engine=engine).summary
+            s = run_one_in_process(ec, workload(args.qps), config, engine).summary
             row = {"label": label, "enable_prefix_caching": caching, "qps": args.qps}
             row |= {k: s[k] for k in KEYS}
             row |= {
@@ -109,7 +109,7 @@ def main() -> None:
 
                 def measure(qps: float, ec=ec, config=config, engine=engine, probes=probes) -> Probe:
                     if qps not in probes:
-                        p = run_one_in_process(ec, workload(qps), config, engine=engine).summary
+                        p = run_one_in_process(ec, workload(qps), config, engine).summary
                         probes[qps] = Probe(qps, p["tbt_p99"], p["scheduling_delay_p50"])
                         print(
                             f"  {config.label} {qps:.3g} conv/s: TBT p99 {p['tbt_p99'] * 1e3:.0f} ms, "

@@ -21,6 +21,7 @@ from sarathi.benchmark.runner import run_in_process, warm_up
 from sarathi.benchmark.workload import TokenSpace, WorkloadConfig, generate_workload
 from sarathi.config import engine_config
 from sarathi.engine.llm_engine import LLMEngine
+from sarathi.entrypoints.build import build_engine
 from sarathi.simulator.cluster import make_replica, simulate, simulation_config
 from sarathi.simulator.machine_profile import machine_latency_model
 
@@ -81,7 +82,7 @@ def main() -> int:
             for name in args.schedulers.split(","):
                 config = engine_config(scheduler=name, token_budget=args.token_budget)
                 if name not in engines:
-                    engines[name] = LLMEngine(config)
+                    engines[name] = build_engine(config)
                 engine = engines[name]
                 space = TokenSpace.of_engine(engine)
                 if sat is None:

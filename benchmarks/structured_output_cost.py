@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from sarathi.executor.messages import SampledToken
+from sarathi.engine.step_messages import SampledToken
 from sarathi.model import embedded_model_path
 from sarathi.structured_output import StructuredOutput
 from sarathi.tokenizer import Tokenizer

@@ -22,15 +22,14 @@ from sarathi.benchmark.capacity import Probe, SearchSettings, Slo, find_capacity
 from sarathi.benchmark.runner import run_in_process, warm_up
 from sarathi.benchmark.workload import TokenSpace, WorkloadConfig, generate_workload
 from sarathi.config import engine_config
-from sarathi.engine.llm_engine import LLMEngine
-from sarathi.simulator.cluster import simulation_config
+from sarathi.entrypoints.build import build_engine
+from sarathi.simulator.cluster import simulate_one, simulation_config
 from sarathi.simulator.machine_profile import machine_latency_model
-from sarathi.simulator.simulate_cli import simulate_one
-from sarathi.simulator.tune_cli import format_result, tune_config
+from sarathi.simulator.tune import format_result, tune_config
 
 
 def real_capacity(config, workload: WorkloadConfig, slo: Slo, settings: SearchSettings) -> tuple[float, list]:
-    engine = LLMEngine(config)
+    engine = build_engine(config)
     try:
         space = TokenSpace.of_engine(engine)
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.record import save_result
-from sarathi.executor.messages import SampledToken
+from sarathi.engine.step_messages import SampledToken
 from sarathi.model import SeqSlice, allocate_kv_cache, build_attention_metadata, load_model
 from sarathi.sampling_params import SamplingParams
 from sarathi.structured_output import StructuredOutput

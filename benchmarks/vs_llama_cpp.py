@@ -335,8 +335,7 @@ def tuned_budgets(trace: str, slos: Sequence[Slo], seed: int) -> tuple[dict[str,
     from sarathi.config import engine_config
     from sarathi.simulator.cluster import simulation_config
     from sarathi.simulator.machine_profile import machine_latency_model
-    from sarathi.simulator.tune import DEFAULT_BUDGETS
-    from sarathi.simulator.tune_cli import tune_config
+    from sarathi.simulator.tune import DEFAULT_BUDGETS, tune_config
 
     base = engine_config()
     model = machine_latency_model(base)

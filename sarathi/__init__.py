@@ -2,7 +2,7 @@
 
 from sarathi.sampling_params import SamplingParams
 
-__all__ = ["LLM", "LLMEngine", "SamplingParams"]
+__all__ = ["LLM", "LLMEngine", "SamplingParams", "build_engine"]
 __version__ = "0.1.0"
 
 
@@ -16,4 +16,8 @@ def __getattr__(name: str):
         from sarathi.engine.llm_engine import LLMEngine
 
         return LLMEngine
+    if name == "build_engine":
+        from sarathi.entrypoints.build import build_engine
+
+        return build_engine
     raise AttributeError(f"module 'sarathi' has no attribute {name!r}")

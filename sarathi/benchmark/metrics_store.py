@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sarathi.benchmark.pipeline_trace import bubble_fractions, chrome_trace
-from sarathi.executor.messages import StageTiming
+from sarathi.engine.step_messages import StageTiming
 from sarathi.metrics import percentile
 from sarathi.outputs import IterationStats
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from sarathi.executor.messages import StageTiming
+from sarathi.engine.step_messages import StageTiming
 from sarathi.outputs import IterationStats
 
 

@@ -115,7 +115,7 @@ def _synthetic_ids(n: int, salt: int, vocab: int) -> list[int]:
 
 def _build_batch(engine: LLMEngine, point: GridPoint) -> Batch:
     """Allocate blocks for the point's sequences and return its batch (the caller frees the blocks)."""
-    vocab, c = engine.arch.vocab_size, point.context_len
+    vocab, c = engine.model.vocab_size, point.context_len
     batch = Batch()
     seqs: list[Seq] = []
     for i in range(point.decode_batch_size):

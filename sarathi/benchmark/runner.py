@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from sarathi.benchmark.chat_workload import ChatSession
 from sarathi.benchmark.metrics_store import MetricsStore
 from sarathi.benchmark.workload import BenchRequest
+from sarathi.engine.llm_engine import StepResult
 from sarathi.sampling_params import SamplingParams
 
 # Iterations that produce nothing while requests are unfinished before the driver gives up.
@@ -66,19 +67,15 @@ class StoreFeeder:
         self.engine = engine
         self.store = store
         self.on_finish = on_finish  # called with each request's final output
-        self.last_iteration = engine.stats[-1].iteration if engine.stats else -1
         self.num_finished = 0
 
-    def after_step(self, outputs) -> bool:
+    def after_step(self, result: StepResult) -> bool:
         """Record what ``engine.step()`` produced; True when it completed an iteration."""
         engine, store = self.engine, self.store
-        stats = engine.stats[-1] if engine.stats else None
-        completed = stats is not None and stats.iteration != self.last_iteration
-        if completed:
-            self.last_iteration = stats.iteration
-            store.on_iteration(stats)
+        if result.iteration is not None:
+            store.on_iteration(result.iteration)
             store.on_stage_timings(engine.take_stage_timings())
-        for out in outputs:
+        for out in result.outputs:
             rid = out.request_id
             for _ in out.new_token_ids:
                 store.on_token(rid, out.token_time)
@@ -90,7 +87,7 @@ class StoreFeeder:
                 self.num_finished += 1
                 if self.on_finish is not None:
                     self.on_finish(out)
-        return completed
+        return result.iteration is not None
 
 
 def run_in_process(

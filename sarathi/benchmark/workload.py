@@ -145,7 +145,7 @@ class TokenSpace:
         excluded = set(engine.eos_token_ids)
         if engine.tokenizer is not None:
             excluded |= set(cls.of_folder(engine.tokenizer.folder).excluded)
-        return cls(int(engine.arch.vocab_size), frozenset(excluded))
+        return cls(int(engine.model.vocab_size), frozenset(excluded))
 
 
 def _ids(value) -> list[int]:

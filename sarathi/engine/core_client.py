@@ -28,6 +28,7 @@ from sarathi.engine.core_messages import (
     Rejection,
     Shutdown,
 )
+from sarathi.engine.llm_engine import LLMEngine
 from sarathi.outputs import RequestOutput
 from sarathi.sampling_params import SamplingParams
 
@@ -93,8 +94,15 @@ class RequestStream:
 class EngineCoreClient:
     """Starts the engine-core process and talks to it over two ZeroMQ PUSH/PULL pairs."""
 
-    def __init__(self, config: EngineConfig, max_waiting: int, restart_on_failure: bool = False) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        build: Callable[[EngineConfig], LLMEngine],
+        max_waiting: int,
+        restart_on_failure: bool = False,
+    ) -> None:
         self.config = config
+        self.build = build
         self.max_waiting = max_waiting
         self.restart_on_failure = restart_on_failure
         self.ready: EngineReady | None = None
@@ -129,6 +137,7 @@ class EngineCoreClient:
                 self._in.getsockopt_string(zmq.LAST_ENDPOINT),
                 self._out.getsockopt_string(zmq.LAST_ENDPOINT),
                 self.max_waiting,
+                self.build,
             ),
             name="sarathi-engine-core",
             # Not a daemon: it starts worker processes of its own. It exits when the API process goes.

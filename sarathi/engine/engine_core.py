@@ -7,23 +7,23 @@ requests, iteration stats and a queue/cache snapshot.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import signal
 import time
 import traceback
+from collections.abc import Callable
 
 import zmq
 
 from sarathi.config import EngineConfig
-from sarathi.core.sequence import SequenceStatus
 from sarathi.engine.core_messages import (
     AbortRequests,
     AddRequest,
     CoreOutputs,
     EngineFailed,
     EngineReady,
-    EngineSnapshot,
     Rejection,
     Shutdown,
 )
@@ -54,15 +54,15 @@ class EngineCore:
                 self._handle(message, out)
             # A dead worker fails the engine (which stops the others) on this pass: not only when a step
             # is collected, which may not happen while nothing is scheduled or no request arrives.
-            self.engine.executor.check_health()
+            self.engine.check_health()
             if self.engine.has_unfinished_requests():
-                iterations_before = self.engine.num_iterations
-                out.outputs.extend(self.engine.step())
-                if self.engine.num_iterations > iterations_before:
-                    out.iterations.append(self.engine.stats[-1])
+                result = self.engine.step()
+                out.outputs.extend(result.outputs)
+                if result.iteration is not None:
+                    out.iterations.append(result.iteration)
             now = time.monotonic()
             if messages or out.outputs or out.iterations or now - last_sent >= HEARTBEAT_INTERVAL_S:
-                self.outputs.send_pyobj(_with_snapshot(out, self.engine))
+                self.outputs.send_pyobj(dataclasses.replace(out, snapshot=self.engine.snapshot()))
                 last_sent = now
 
     def _receive(self, timeout_ms: int) -> list[object]:
@@ -77,7 +77,7 @@ class EngineCore:
 
     def _handle(self, message: object, out: CoreOutputs) -> None:
         if isinstance(message, AddRequest):
-            if self.engine.scheduler.num_waiting >= self.max_waiting:
+            if self.engine.num_waiting >= self.max_waiting:
                 out.rejected.append(
                     Rejection(message.request_id, f"the waiting queue is full ({self.max_waiting})", True)
                 )
@@ -102,20 +102,15 @@ class EngineCore:
             raise TypeError(f"unexpected message {type(message).__name__}")
 
 
-def _with_snapshot(out: CoreOutputs, engine: LLMEngine) -> CoreOutputs:
-    scheduler, blocks = engine.scheduler, engine.block_manager
-    snapshot = EngineSnapshot(
-        num_waiting=scheduler.num_waiting,
-        num_running=scheduler.num_running,
-        num_preempted=sum(s.status is SequenceStatus.PREEMPTED for s in scheduler.waiting),
-        num_kv_blocks_used=blocks.num_used_blocks,
-        num_kv_blocks_total=blocks.num_blocks,
-    )
-    return CoreOutputs(out.accepted, out.rejected, out.outputs, out.iterations, snapshot)
-
-
-def run_engine_core(config: EngineConfig, input_address: str, output_address: str, max_waiting: int) -> None:
-    """Process entry point: load the engine, report ready (or why not), then serve until told to stop."""
+def run_engine_core(
+    config: EngineConfig,
+    input_address: str,
+    output_address: str,
+    max_waiting: int,
+    build: Callable[[EngineConfig], LLMEngine],
+) -> None:
+    """Process entry point: build the engine with ``build`` (a module-level function, so that it pickles by
+    name), report ready (or why not), then serve until told to stop."""
     # Ctrl-C reaches the whole process group; the API process decides when the engine core stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     context = zmq.Context()
@@ -125,17 +120,17 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
     outputs.connect(output_address)
     engine = None
     try:
-        engine = LLMEngine(config)
+        engine = build(config)
         outputs.send_pyobj(
             EngineReady(
                 pid=os.getpid(),
                 config=config,
-                tokenizer_dir=engine.tokenizer_dir,
+                tokenizer_dir=engine.model.tokenizer_dir,
                 max_model_len=engine.max_model_len,
-                vocab_size=engine.arch.vocab_size,
+                vocab_size=engine.model.vocab_size,
                 num_kv_blocks=engine.num_kv_blocks,
-                block_size=engine.block_manager.block_size,
-                worker_pids=engine.executor.worker_pids,
+                block_size=config.cache.block_size,
+                worker_pids=engine.worker_pids,
                 eos_token_ids=engine.eos_token_ids,
             )
         )

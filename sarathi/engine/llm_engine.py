@@ -3,27 +3,23 @@
 from __future__ import annotations
 
 import collections
-import json
 import logging
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import torch
-
-from sarathi.config import DEFAULT_KV_CACHE_MEMORY_GIB, EngineConfig
+from sarathi.config import EngineConfig
 from sarathi.core.batch import Batch
 from sarathi.core.block_manager import BlockManager
 from sarathi.core.schedulers import make_scheduler
+from sarathi.core.schedulers.base import BudgetController
 from sarathi.core.sequence import Sequence, SequenceStatus
+from sarathi.engine.core_messages import EngineSnapshot
+from sarathi.engine.executor_base import Executor, WorkerFailedError
+from sarathi.engine.model_info import ModelInfo
 from sarathi.engine.output_processor import OutputProcessor
-from sarathi.executor import Executor, WorkerFailedError, make_executor
-from sarathi.executor.messages import SampledToken, StageTiming
-from sarathi.executor.multiproc import shards_of
-from sarathi.executor.step_builder import StepBuilder
-from sarathi.model.kv_cache import kv_cache_bytes_per_block
-from sarathi.model.resolve import resolve_model
+from sarathi.engine.step_builder import StepBuilder
+from sarathi.engine.step_messages import SampledToken, StageTiming
 from sarathi.outputs import IterationStats, RequestOutput
 from sarathi.sampling_params import SamplingParams
 from sarathi.tokenizer import Tokenizer
@@ -39,6 +35,15 @@ class _InFlight:
     start: float
 
 
+@dataclass
+class StepResult:
+    """What one ``step()`` did: an output for every request that got a token or finished, and the
+    iteration it completed (None when it only polled for structured-output matchers)."""
+
+    outputs: list[RequestOutput] = field(default_factory=list)
+    iteration: IterationStats | None = None
+
+
 class LLMEngine:
     """Owns the scheduler, the KV block bookkeeping and an executor whose workers hold the model.
 
@@ -46,44 +51,39 @@ class LLMEngine:
     and returns the outputs of the oldest. Bad requests raise ``ValueError`` from ``add_request`` and
     leave every other request untouched.
 
-    ``clock`` (default ``time.monotonic``) stamps arrivals, schedules and tokens; ``executor_factory``
-    (default ``make_executor``) builds the executor from (config, KV blocks, EOS ids). The simulator
-    passes a simulated clock and an executor that charges a latency model instead of running a model.
-    With ``adaptive_tbt_slo`` set, the scheduler's budget follows the running decodes' slack, predicted by
-    ``budget_latency_model`` (default: this machine's cached profile, measured once if missing).
+    The engine is assembled by its builder (``sarathi.executor.assemble``), which reads ``model`` from the
+    checkpoint, sizes the KV pool (``num_kv_blocks``) and passes ``executor_factory`` (called last, with
+    the config, the pool size and the EOS ids, once everything else is valid). ``clock`` stamps arrivals,
+    schedules and tokens; ``budget_controller`` sets each iteration's token budget (the adaptive budget).
+    The simulator passes a simulated clock and an executor that charges a latency model.
     """
 
     def __init__(
         self,
-        config: EngineConfig | None = None,
+        config: EngineConfig,
+        model: ModelInfo,
         *,
+        tokenizer: Tokenizer | None,
+        num_kv_blocks: int,
+        executor_factory: Callable[[EngineConfig, int, tuple[int, ...]], Executor],
+        budget_controller: BudgetController | None = None,
         clock: Callable[[], float] = time.monotonic,
-        executor_factory: Callable[[EngineConfig, int, tuple[int, ...]], Executor] = make_executor,
-        budget_latency_model=None,
     ) -> None:
-        self.config = config = config or EngineConfig()
+        self.config = config
+        self.model = model
         self.clock = clock
-        mc, cc = config.model, config.cache
-        resolved = resolve_model(mc.model, mc.load_format, mc.hf_config)
-        self.arch, self.tokenizer_dir = resolved.arch, resolved.tokenizer_dir
-        self.tokenizer = Tokenizer(self.tokenizer_dir) if self.tokenizer_dir else None
-        self.num_kv_blocks = self._resolve_num_blocks()
-        self.eos_token_ids = self._eos_token_ids(self.tokenizer_dir)
+        cc = config.cache
+        if config.scheduler.adaptive_tbt_slo is not None and budget_controller is None:
+            raise ValueError("adaptive_tbt_slo needs a budget controller from the engine's builder")
+        self.tokenizer = tokenizer
+        self.num_kv_blocks = num_kv_blocks
+        self.eos_token_ids = model.eos_token_ids
         self.block_manager = BlockManager(
-            self.num_kv_blocks, cc.block_size, cc.watermark, enable_caching=cc.enable_prefix_caching
+            num_kv_blocks, cc.block_size, cc.watermark, enable_caching=cc.enable_prefix_caching
         )
         self.max_model_len = self._resolve_max_model_len()
         self.scheduler = make_scheduler(config.scheduler, self.block_manager, self.max_model_len)
-        if config.scheduler.adaptive_tbt_slo is not None:
-            from sarathi.simulator.adaptive_budget import AdaptiveBudget
-
-            if budget_latency_model is None:
-                from sarathi.simulator.machine_profile import machine_latency_model
-
-                budget_latency_model = machine_latency_model(config)
-            slo = config.scheduler.adaptive_tbt_slo
-            self.scheduler.budget_controller = AdaptiveBudget(slo, budget_latency_model)
-        self.executor = executor_factory(config, self.num_kv_blocks, self.eos_token_ids)
+        self.scheduler.budget_controller = budget_controller
         self.step_builder = StepBuilder(self.block_manager)
         self.outputs = OutputProcessor(self.tokenizer, self.scheduler)
         self.stats: collections.deque[IterationStats] = collections.deque(maxlen=_MAX_KEPT_STATS)
@@ -94,12 +94,13 @@ class LLMEngine:
         # Constrained requests waiting for their matcher (built by the sampling worker), with their parent.
         self._compiling: dict[str, tuple[Sequence, str | None]] = {}
         self._iteration = 0
+        self.executor = executor_factory(config, num_kv_blocks, self.eos_token_ids)
 
     # --- setup -------------------------------------------------------------------------------------------
     def _resolve_max_model_len(self) -> int:
         """The model's context length, or ``max_model_len``; capped to what the KV cache can hold when
         not given, refused (naming both numbers and the flags) when given and too large."""
-        limit = self.arch.max_position_embeddings
+        limit = self.model.max_position_embeddings
         asked = self.config.model.max_model_len
         if asked is not None and asked > limit:
             raise ValueError(f"max_model_len {asked} exceeds the model's max_position_embeddings {limit}")
@@ -122,39 +123,6 @@ class LLMEngine:
                 "--num-kv-blocks / --kv-cache-memory"
             )
         return asked
-
-    def _eos_token_ids(self, folder: str | None) -> tuple[int, ...]:
-        """EOS ids from config.json, generation_config.json (chat models often add end-of-turn ids there)
-        and the tokenizer; any of them ends a request unless ``ignore_eos``."""
-        ids = list(self.arch.eos_token_ids)
-        gen_path = os.path.join(folder, "generation_config.json") if folder else None
-        if gen_path and os.path.isfile(gen_path):
-            with open(gen_path) as f:
-                eos = json.load(f).get("eos_token_id")
-            ids += eos if isinstance(eos, list) else [] if eos is None else [eos]
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            ids.append(self.tokenizer.eos_token_id)
-        return tuple(dict.fromkeys(int(i) for i in ids))
-
-    def _resolve_num_blocks(self) -> int:
-        return self.kv_blocks_for(self.config, self.arch)
-
-    @staticmethod
-    def kv_blocks_for(config: EngineConfig, arch) -> int:
-        """Blocks in the pool: ``num_kv_blocks``, or what the memory budget (per worker) holds on the
-        worker whose shard needs the most bytes per block."""
-        cc = config.cache
-        if cc.num_kv_blocks is not None:
-            return cc.num_kv_blocks
-        gib = DEFAULT_KV_CACHE_MEMORY_GIB if cc.kv_cache_memory_gib is None else cc.kv_cache_memory_gib
-        dtype = getattr(torch, config.model.dtype)
-        per_block = max(
-            kv_cache_bytes_per_block(arch, cc.block_size, dtype, shard) for shard in shards_of(config)
-        )
-        num_blocks = int(gib * 2**30) // per_block
-        if num_blocks < 1:
-            raise ValueError(f"kv_cache_memory_gib={gib} is smaller than one KV block ({per_block} bytes)")
-        return num_blocks
 
     # --- requests ----------------------------------------------------------------------------------------
     def add_request(
@@ -180,10 +148,10 @@ class LLMEngine:
                 "fan it out with sarathi.parallel_sampling.child_params (LLM.generate and the server do)"
             )
         token_ids = self._prompt_token_ids(prompt)
-        vocab = self.arch.vocab_size
+        vocab = self.model.vocab_size
         if bad := [t for t in params.stop_token_ids if t >= vocab]:
             raise ValueError(f"stop_token_ids must be token ids in [0, {vocab}), got {bad[:5]}")
-        if params.structured_output is not None and self.tokenizer_dir is None:
+        if params.structured_output is not None and self.model.tokenizer_dir is None:
             raise ValueError("structured_output: needs a tokenizer; this model has none")
         seq = Sequence(
             seq_id=request_id,
@@ -245,7 +213,7 @@ class LLMEngine:
             token_ids = self.tokenizer.encode(prompt)
         else:
             token_ids = list(prompt)
-            vocab = self.arch.vocab_size
+            vocab = self.model.vocab_size
             bad = [
                 t for t in token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab
             ]
@@ -269,14 +237,34 @@ class LLMEngine:
                 self.scheduler.abort_sequence(request_id, self.clock())
             self._forget(request_id)
 
+    def snapshot(self) -> EngineSnapshot:
+        """The queues and the KV pool, as the server's metrics report them."""
+        scheduler, blocks = self.scheduler, self.block_manager
+        return EngineSnapshot(
+            num_waiting=scheduler.num_waiting,
+            num_running=scheduler.num_running,
+            num_preempted=sum(s.status is SequenceStatus.PREEMPTED for s in scheduler.waiting),
+            num_kv_blocks_used=blocks.num_used_blocks,
+            num_kv_blocks_total=blocks.num_blocks,
+        )
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued for their first schedule (or preempted), not counting those held back."""
+        return self.scheduler.num_waiting
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The process ids of the executor's workers (empty for in-process workers)."""
+        return self.executor.worker_pids
+
+    def check_health(self) -> None:
+        """Raise ``WorkerFailedError`` if a worker died (even while nothing is scheduled)."""
+        self.executor.check_health()
+
     def has_unfinished_requests(self) -> bool:
         waiting = bool(self._held) or bool(self._compiling)
         return self.scheduler.has_unfinished() or bool(self._in_flight) or waiting
-
-    @property
-    def num_iterations(self) -> int:
-        """Iterations run so far (each appends one ``IterationStats`` to ``stats``)."""
-        return self._iteration
 
     @property
     def num_unfinished_requests(self) -> int:
@@ -284,8 +272,8 @@ class LLMEngine:
         return self.scheduler.num_waiting + self.scheduler.num_running + held
 
     # --- the loop ----------------------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
-        """Run one iteration; return an output for every request that got a token or finished.
+    def step(self) -> StepResult:
+        """Run one iteration: the outputs of every request that got a token or finished, and its stats.
 
         Fills the pipeline with micro-batches, then completes the oldest. A failure while processing
         one request finishes that request with ``finish_reason`` "error" and leaves the others running;
@@ -301,7 +289,7 @@ class LLMEngine:
             self.executor.submit(step)
             self._in_flight.append(_InFlight(batch, step.step_id, start))
         if not self._in_flight:
-            return self._poll_grammars() if self._compiling else []
+            return StepResult(self._poll_grammars() if self._compiling else [])
         flight = self._in_flight.popleft()
         batch = flight.batch
         sampling = [e for e in batch.entries if e.samples]
@@ -340,8 +328,7 @@ class LLMEngine:
                 self._forget(e.seq.seq_id)
             elif e.seq.seq_id in self._held:
                 self._release_held(e.seq.seq_id)
-        self._record_stats(flight, end)
-        return outputs
+        return StepResult(outputs, self._record_stats(flight, end))
 
     def _fail(self, seq: Sequence, error: str, now: float, error_code: str | None = None) -> RequestOutput:
         """Finish ``seq`` with an internal error; its blocks are freed and nothing else is touched."""
@@ -357,27 +344,27 @@ class LLMEngine:
         self.outputs.remove(request_id)
         self.step_builder.free(request_id)
 
-    def _record_stats(self, flight: _InFlight, end: float) -> None:
+    def _record_stats(self, flight: _InFlight, end: float) -> IterationStats:
         batch = flight.batch
-        self.stats.append(
-            IterationStats(
-                iteration=self._iteration,
-                start_time=flight.start,
-                wall_time=end - flight.start,
-                num_prefill_tokens=batch.num_prefill_tokens,
-                num_decode_tokens=batch.num_decode_tokens,
-                num_seqs=batch.num_seqs,
-                num_preempted=len(batch.preempted),
-                num_running=self.scheduler.num_running,
-                num_waiting=self.scheduler.num_waiting,
-                num_used_blocks=self.block_manager.num_used_blocks,
-                prefix_cache_queries=batch.prefix_cache_queries,
-                prefix_cache_hits=batch.prefix_cache_hits,
-                seq_ids=tuple(batch.seq_ids),
-                step_id=flight.step_id,
-            )
+        stats = IterationStats(
+            iteration=self._iteration,
+            start_time=flight.start,
+            wall_time=end - flight.start,
+            num_prefill_tokens=batch.num_prefill_tokens,
+            num_decode_tokens=batch.num_decode_tokens,
+            num_seqs=batch.num_seqs,
+            num_preempted=len(batch.preempted),
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            num_used_blocks=self.block_manager.num_used_blocks,
+            prefix_cache_queries=batch.prefix_cache_queries,
+            prefix_cache_hits=batch.prefix_cache_hits,
+            seq_ids=tuple(batch.seq_ids),
+            step_id=flight.step_id,
         )
+        self.stats.append(stats)
         self._iteration += 1
+        return stats
 
     def take_stage_timings(self) -> list[StageTiming]:
         """Each pipeline stage's start and end of the micro-batches completed since the last call."""

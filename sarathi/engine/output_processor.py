@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from sarathi.core.schedulers import Scheduler
 from sarathi.core.sequence import Sequence, SequenceStatus
-from sarathi.executor.messages import PromptLogprobs
+from sarathi.engine.step_messages import PromptLogprobs
 from sarathi.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from sarathi.tokenizer import IncrementalDetokenizer, Tokenizer
 

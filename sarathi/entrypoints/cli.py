@@ -13,11 +13,11 @@ import importlib
 COMMANDS = {
     "generate": "sarathi.entrypoints.generate",
     "serve": "sarathi.entrypoints.openai.serve",
-    "bench": "sarathi.benchmark.bench_cli",
-    "capacity": "sarathi.benchmark.capacity_cli",
-    "profile": "sarathi.benchmark.profile_cli",
-    "simulate": "sarathi.simulator.simulate_cli",
-    "tune": "sarathi.simulator.tune_cli",
+    "bench": "sarathi.entrypoints.bench_cli",
+    "capacity": "sarathi.entrypoints.capacity_cli",
+    "profile": "sarathi.entrypoints.profile_cli",
+    "simulate": "sarathi.entrypoints.simulate_cli",
+    "tune": "sarathi.entrypoints.tune_cli",
 }
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from sarathi.config import DEFAULT_TOKEN_BUDGET, EngineConfig, engine_config
-from sarathi.engine.llm_engine import LLMEngine
+from sarathi.entrypoints.build import build_engine
 from sarathi.outputs import RequestOutput
 from sarathi.parallel_sampling import best_indices, child_params, cumulative_logprob
 from sarathi.sampling_params import SamplingParams
@@ -47,7 +47,7 @@ class LLM:
             kwargs["token_budget"] = auto_token_budget(base, tbt_slo)
         elif tbt_slo is not None:
             raise ValueError('tbt_slo is used only with token_budget="auto"')
-        self.engine = LLMEngine(config or engine_config(model, **kwargs))
+        self.engine = build_engine(config or engine_config(model, **kwargs))
         self.structured_output_limits = StructuredOutputLimits()
         self._ids = itertools.count()
         self._llg_tokenizer = None
@@ -114,11 +114,13 @@ class LLM:
                 continue
             seen.add(constraint)
             check_bounds(constraint, self.structured_output_limits)
-            if self.engine.tokenizer_dir is None:
+            if self.engine.model.tokenizer_dir is None:
                 raise ValueError("structured_output: needs a tokenizer; this model has none")
             if self._llg_tokenizer is None:
                 e = self.engine
-                self._llg_tokenizer = llg_tokenizer(e.tokenizer_dir, e.arch.vocab_size, e.eos_token_ids)
+                self._llg_tokenizer = llg_tokenizer(
+                    e.model.tokenizer_dir, e.model.vocab_size, e.eos_token_ids
+                )
             check_compiles(self._llg_tokenizer, constraint)
 
     def _add_all(self, prompts: list[Prompt], params: list[SamplingParams]) -> list[list[str]]:
@@ -147,7 +149,7 @@ class LLM:
             while len(finished) < len(request_ids):
                 if not self.engine.has_unfinished_requests():
                     raise RuntimeError("engine stopped with requests still unfinished")
-                for out in self.engine.step():
+                for out in self.engine.step().outputs:
                     if out.finished and out.request_id in wanted:
                         finished[out.request_id] = out
                         bar.update(1)

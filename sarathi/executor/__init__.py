@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sarathi.config import EngineConfig
-from sarathi.executor.base import Executor, WorkerFailedError
+from sarathi.engine.executor_base import Executor
 
 
 def make_executor(config: EngineConfig, num_kv_blocks: int, eos_token_ids: tuple[int, ...]) -> Executor:
@@ -22,6 +22,3 @@ def make_executor(config: EngineConfig, num_kv_blocks: int, eos_token_ids: tuple
 
         return RayExecutor(config, num_kv_blocks, eos_token_ids)
     raise ValueError(f"unknown executor backend {backend!r}")
-
-
-__all__ = ["Executor", "WorkerFailedError", "make_executor"]

@@ -21,25 +21,15 @@ from pathlib import Path
 import zmq
 
 from sarathi.config import EngineConfig
-from sarathi.executor.base import Executor, WorkerFailedError
-from sarathi.executor.messages import StageTiming, StepInput, StepOutput
-from sarathi.model.parallel import ShardSpec
+from sarathi.engine.executor_base import Executor, WorkerFailedError
+from sarathi.engine.step_messages import StageTiming, StepInput, StepOutput
+from sarathi.model.parallel import shards_of
 from sarathi.net import free_port
-from sarathi.worker.process import StopWorker, WorkerError, WorkerReady, WorkerSpec, describe_rank
+from sarathi.worker.process import StageDone, StopWorker, WorkerError, WorkerReady, WorkerSpec, describe_rank
 
 _POLL_MS = 200
 STEP_TIMEOUT_S = float(os.environ.get("SARATHI_STEP_TIMEOUT_S", "600"))
 STARTUP_TIMEOUT_S = 600.0
-
-
-def shards_of(config: EngineConfig) -> list[ShardSpec]:
-    """Every rank's shard, in global rank order (pipeline stage major)."""
-    p = config.parallel
-    return [
-        ShardSpec(tp_rank=t, tp_size=p.tensor_parallel_size, pp_rank=s, pp_size=p.pipeline_parallel_size)
-        for s in range(p.pipeline_parallel_size)
-        for t in range(p.tensor_parallel_size)
-    ]
 
 
 class MultiprocExecutor(Executor):
@@ -127,11 +117,10 @@ class MultiprocExecutor(Executor):
                 self.check_health(exclude_rank=message.rank)
                 time.sleep(0.05)
             raise WorkerFailedError(f"worker {message.message}")
-        if isinstance(message, StepOutput):
-            self._outputs[message.step_id] = message
-            self._timings.extend(message.timings)
-        elif isinstance(message, StageTiming):
-            self._timings.append(message)
+        if isinstance(message, StageDone):
+            self._timings.append(message.timing)
+            if message.output is not None:
+                self._outputs[message.output.step_id] = message.output
         return message
 
     def drain_timings(self) -> list[StageTiming]:

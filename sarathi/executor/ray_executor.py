@@ -33,10 +33,10 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from sarathi.config import EngineConfig
-from sarathi.executor.base import Executor, WorkerFailedError
-from sarathi.executor.messages import StageTiming, StepInput, StepOutput
-from sarathi.executor.multiproc import STARTUP_TIMEOUT_S, STEP_TIMEOUT_S, shards_of
-from sarathi.model.parallel import ShardSpec, init_distributed, threads_per_rank
+from sarathi.engine.executor_base import Executor, WorkerFailedError
+from sarathi.engine.step_messages import StageTiming, StepInput, StepOutput
+from sarathi.executor.multiproc import STARTUP_TIMEOUT_S, STEP_TIMEOUT_S
+from sarathi.model.parallel import ShardSpec, init_distributed, shards_of, threads_per_rank
 from sarathi.net import free_port
 from sarathi.worker.process import describe_rank
 

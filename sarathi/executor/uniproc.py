@@ -5,8 +5,8 @@ from __future__ import annotations
 import collections
 
 from sarathi.config import EngineConfig
-from sarathi.executor.base import Executor
-from sarathi.executor.messages import StageTiming, StepInput, StepOutput
+from sarathi.engine.executor_base import Executor
+from sarathi.engine.step_messages import StageTiming, StepInput, StepOutput
 from sarathi.worker.worker import Worker
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from sarathi.config import DEFAULT_KV_CACHE_MEMORY_GIB, EngineConfig
 from sarathi.model.config import ModelArchConfig
-from sarathi.model.parallel import WHOLE_MODEL, ShardSpec
+from sarathi.model.parallel import WHOLE_MODEL, ShardSpec, shards_of
 
 
 def kv_cache_shape(
@@ -30,6 +31,23 @@ def kv_cache_bytes_per_block(
     kv_heads, _, _, head_dim = kv_cache_shape(arch, 1, block_size, shard)
     per_layer = 2 * kv_heads * block_size * head_dim * element_size
     return per_layer * _num_layers(arch, shard)
+
+
+def kv_blocks_for(config: EngineConfig, arch: ModelArchConfig) -> int:
+    """Blocks in the pool: ``num_kv_blocks``, or what the memory budget (per worker) holds on the worker
+    whose shard needs the most bytes per block."""
+    cc = config.cache
+    if cc.num_kv_blocks is not None:
+        return cc.num_kv_blocks
+    gib = DEFAULT_KV_CACHE_MEMORY_GIB if cc.kv_cache_memory_gib is None else cc.kv_cache_memory_gib
+    dtype = getattr(torch, config.model.dtype)
+    per_block = max(
+        kv_cache_bytes_per_block(arch, cc.block_size, dtype, shard) for shard in shards_of(config)
+    )
+    num_blocks = int(gib * 2**30) // per_block
+    if num_blocks < 1:
+        raise ValueError(f"kv_cache_memory_gib={gib} is smaller than one KV block ({per_block} bytes)")
+    return num_blocks
 
 
 def allocate_kv_cache(

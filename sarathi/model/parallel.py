@@ -13,6 +13,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from sarathi.config import EngineConfig
+
 
 def even_split(total: int, parts: int, index: int) -> tuple[int, int]:
     """[start, end) of part `index` when `total` items are cut into `parts` contiguous runs, the first
@@ -108,6 +110,16 @@ class ShardSpec:
 
 
 WHOLE_MODEL = ShardSpec()  # the default: one process holds every layer and every head
+
+
+def shards_of(config: EngineConfig) -> list[ShardSpec]:
+    """Every rank's shard, in global rank order (pipeline stage major)."""
+    p = config.parallel
+    return [
+        ShardSpec(tp_rank=t, tp_size=p.tensor_parallel_size, pp_rank=s, pp_size=p.pipeline_parallel_size)
+        for s in range(p.pipeline_parallel_size)
+        for t in range(p.tensor_parallel_size)
+    ]
 
 
 class TensorParallelGroup:

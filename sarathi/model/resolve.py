@@ -6,11 +6,14 @@ while the weights live in the workers.
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sarathi.config import LOAD_FORMATS
+from sarathi.engine.model_info import ModelInfo
 from sarathi.model.config import ModelArchConfig
 from sarathi.model.embedded import (
     PACKAGED_MODELS,
@@ -20,6 +23,7 @@ from sarathi.model.embedded import (
 )
 from sarathi.model.gguf_loader import GGUFCheckpoint
 from sarathi.model.safetensors_folder import has_tokenizer, read_config
+from sarathi.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -65,3 +69,19 @@ def resolve_model(
     tokenizer_dir = str(path) if path is not None and has_tokenizer(path) else None
     arch = ModelArchConfig.from_hf_config(hf_config if hf_config is not None else read_config(path))
     return ResolvedModel(path, load_format, arch, tokenizer_dir)
+
+
+def model_info(resolved: ResolvedModel, tokenizer: Tokenizer | None) -> ModelInfo:
+    """The engine's view of ``resolved``. EOS ids come from config.json, generation_config.json (chat models
+    often add end-of-turn ids there) and the tokenizer; any of them ends a request unless ``ignore_eos``."""
+    arch, folder = resolved.arch, resolved.tokenizer_dir
+    ids = list(arch.eos_token_ids)
+    gen_path = os.path.join(folder, "generation_config.json") if folder else None
+    if gen_path and os.path.isfile(gen_path):
+        with open(gen_path) as f:
+            eos = json.load(f).get("eos_token_id")
+        ids += eos if isinstance(eos, list) else [] if eos is None else [eos]
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    eos_ids = tuple(dict.fromkeys(int(i) for i in ids))
+    return ModelInfo(arch.vocab_size, arch.max_position_embeddings, eos_ids, folder)

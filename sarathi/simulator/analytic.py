@@ -29,9 +29,9 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from sarathi.simulator.batch_shape import BatchShape
+from sarathi.core.batch_shape import BatchShape
+from sarathi.core.latency_model import LatencyModel
 from sarathi.simulator.hardware import Hardware, Link, get_hardware
-from sarathi.simulator.latency_model import LatencyModel
 from sarathi.simulator.model_spec import ModelSpec
 
 CALIBRATION_PATH = Path(__file__).parent / "data" / "analytic_calibration.json"

@@ -20,8 +20,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 
+from sarathi.core.batch_shape import BatchShape
 from sarathi.simulator.analytic import CALIBRATION_PATH, EFFICIENCY_FIELDS, AnalyticLatencyModel, Calibration
-from sarathi.simulator.batch_shape import BatchShape
 from sarathi.simulator.hardware import get_hardware
 from sarathi.simulator.model_spec import ModelSpec
 

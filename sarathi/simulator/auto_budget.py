@@ -24,9 +24,9 @@ from pathlib import Path
 from sarathi.benchmark.capacity import STRICT_MULTIPLE, SearchSettings, Slo
 from sarathi.benchmark.workload import WorkloadConfig
 from sarathi.config import DEFAULT_TOKEN_BUDGET, EngineConfig
+from sarathi.core.batch_shape import BatchShape
+from sarathi.core.latency_model import LatencyModel
 from sarathi.core.schedulers import SCHEDULERS
-from sarathi.simulator.batch_shape import BatchShape
-from sarathi.simulator.latency_model import LatencyModel
 
 AUTO_WORKLOAD = WorkloadConfig(trace="sharegpt", num_requests=64, max_total_tokens=2048)
 AUTO_BUDGETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -101,7 +101,7 @@ def choose_token_budget(
     search: SearchSettings = AUTO_SEARCH,
 ) -> BudgetChoice:
     """Simulate ``config``'s scheduler on ``workload`` for every budget and choose one (see ``tune``)."""
-    from sarathi.simulator.tune_cli import tune_config
+    from sarathi.simulator.tune import tune_config
 
     sim_config, workload = _simulation(config, model, workload or AUTO_WORKLOAD)
     result = tune_config(

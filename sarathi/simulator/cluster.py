@@ -10,6 +10,7 @@ real engine; an idle replica's clock jumps to the arrival.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -17,11 +18,16 @@ from dataclasses import dataclass
 
 from sarathi.benchmark.metrics_store import MetricsStore
 from sarathi.benchmark.runner import StoreFeeder, bench_params
-from sarathi.benchmark.workload import BenchRequest
+from sarathi.benchmark.workload import BenchRequest, TokenSpace, WorkloadConfig, generate_workload
 from sarathi.config import EngineConfig
+from sarathi.core.latency_model import LatencyModel
+from sarathi.core.schedulers.adaptive_budget import AdaptiveBudget
+from sarathi.engine.llm_engine import LLMEngine
+from sarathi.executor.assemble import assemble_engine
+from sarathi.model.kv_cache import kv_blocks_for
+from sarathi.model.resolve import resolve_model
 from sarathi.simulator.clock import SimulatedClock
 from sarathi.simulator.executor import SimulatedExecutor
-from sarathi.simulator.latency_model import LatencyModel
 
 ROUTERS = ("round_robin", "least_outstanding")
 _MAX_IDLE_STEPS = 10_000
@@ -31,7 +37,7 @@ _MAX_IDLE_STEPS = 10_000
 class Replica:
     """One simulated engine and its clock."""
 
-    engine: object  # LLMEngine
+    engine: LLMEngine
     clock: SimulatedClock
     feeder: StoreFeeder | None = None
 
@@ -42,17 +48,15 @@ def make_replica(config: EngineConfig, latency_model: LatencyModel) -> Replica:
     ``config`` should describe the model without weights (``load_format="dummy"`` and ``hf_config``, see
     ``simulation_config``); nothing is loaded either way, since the executor never builds workers.
     """
-    from sarathi.engine.llm_engine import LLMEngine
-
     clock = SimulatedClock()
 
     def factory(cfg: EngineConfig, num_kv_blocks: int, eos_token_ids: tuple[int, ...]) -> SimulatedExecutor:
         token = next(t for t in itertools.count() if t not in eos_token_ids)
         return SimulatedExecutor(latency_model, clock, token_id=token)
 
-    engine = LLMEngine(
-        config, clock=clock, executor_factory=factory, budget_latency_model=copy.deepcopy(latency_model)
-    )
+    slo = config.scheduler.adaptive_tbt_slo
+    controller = None if slo is None else AdaptiveBudget(slo, copy.deepcopy(latency_model))
+    engine = assemble_engine(config, budget_controller=controller, executor_factory=factory, clock=clock)
     return Replica(engine, clock)
 
 
@@ -131,16 +135,41 @@ def simulation_config(config: EngineConfig) -> EngineConfig:
     """``config`` with its model described by architecture only (``load_format="dummy"``, its HF config),
     so a simulated replica reads no checkpoint and no tokenizer; the KV pool keeps the size the real
     engine would get."""
-    import dataclasses
-
-    from sarathi.engine.llm_engine import LLMEngine
-    from sarathi.model.resolve import resolve_model
-
     model = config.model
     if model.load_format == "dummy" and model.hf_config is not None:
         return config
     arch = resolve_model(model.model, model.load_format, model.hf_config).arch
     dummy = dataclasses.replace(model, model=None, load_format="dummy", hf_config=arch.to_hf_config())
-    num_blocks = LLMEngine.kv_blocks_for(config, arch)
+    num_blocks = kv_blocks_for(config, arch)
     cache = dataclasses.replace(config.cache, num_kv_blocks=num_blocks)
     return dataclasses.replace(config, model=dummy, cache=cache)
+
+
+def simulate_one(
+    sim_config: EngineConfig,
+    model: LatencyModel,
+    workload: WorkloadConfig,
+    num_replicas: int = 1,
+    router: str = "round_robin",
+    progress: bool = False,
+    desc: str | None = None,
+):
+    """Simulate ``workload`` on ``num_replicas`` engines of ``sim_config``; returns the metrics store."""
+    replicas = [make_replica(sim_config, copy.deepcopy(model)) for _ in range(num_replicas)]
+    requests = generate_workload(workload, TokenSpace.of_engine(replicas[0].engine))
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(requests), desc=desc, unit="req", leave=False)
+    try:
+        store = simulate(
+            replicas,
+            requests,
+            Router(router),
+            on_progress=(lambda n: bar.update(n - bar.n)) if bar is not None else None,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    return store

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from sarathi.benchmark.capacity import RELAXED_MULTIPLE, SearchSettings
 from sarathi.benchmark.workload import WorkloadConfig
 from sarathi.config import EngineConfig, engine_config
+from sarathi.core.latency_model import LatencyModel
 from sarathi.simulator.auto_budget import (
     BudgetChoice,
     choose_token_budget,
@@ -35,7 +36,6 @@ from sarathi.simulator.auto_budget import (
     one_sequence_decode_s,
     profile_error_label,
 )
-from sarathi.simulator.latency_model import LatencyModel
 
 SCHEDULERS = ("sarathi", "vllm", "orca", "faster_transformer")
 # Seconds the real demo spends outside the simulated runs: Python and torch start-up, loading the kernels
@@ -175,8 +175,7 @@ def simulate_demo_at(
     settings: DemoSettings, token_budget: int, qps: float, model: LatencyModel, schedulers=SCHEDULERS
 ) -> dict[str, dict]:
     """``simulate_demo`` at a given budget and load."""
-    from sarathi.simulator.cluster import simulation_config
-    from sarathi.simulator.simulate_cli import simulate_one
+    from sarathi.simulator.cluster import simulate_one, simulation_config
 
     workload = settings.workload(qps)
     out = {}

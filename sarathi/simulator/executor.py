@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import collections
 
-from sarathi.executor.base import Executor
-from sarathi.executor.messages import SampledToken, StageTiming, StepInput, StepOutput
-from sarathi.simulator.batch_shape import BatchShape
+from sarathi.core.batch_shape import BatchShape
+from sarathi.core.latency_model import LatencyModel
+from sarathi.engine.executor_base import Executor
+from sarathi.engine.step_messages import SampledToken, StageTiming, StepInput, StepOutput
 from sarathi.simulator.clock import SimulatedClock
-from sarathi.simulator.latency_model import LatencyModel
 
 
 class SimulatedExecutor(Executor):
@@ -37,7 +37,7 @@ class SimulatedExecutor(Executor):
         if not step.scheduled:  # only grammar jobs: matchers are ready at once, and nothing runs
             self._outstanding.append((step, self.clock.now()))
             return
-        shape = BatchShape.from_step(step)
+        shape = BatchShape.from_chunks([(s.start, s.num_tokens) for s in step.scheduled])
         times = self.latency_model.stage_times(shape)
         if len(times) != len(self._stage_free):
             raise ValueError(f"the latency model gave {len(times)} stage times, not {len(self._stage_free)}")

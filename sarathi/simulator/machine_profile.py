@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 from sarathi.config import EngineConfig
-from sarathi.simulator.batch_shape import BatchShape
+from sarathi.core.batch_shape import BatchShape
+from sarathi.core.latency_model import LatencyModel
 from sarathi.simulator.cpu_identity import cpu_identity
-from sarathi.simulator.latency_model import LatencyModel
 from sarathi.simulator.measured import MeasuredLatencyModel, Sample, cross_validate, fit
 
 PROFILE_ENV = "SARATHI_LATENCY_PROFILE"
@@ -120,7 +120,7 @@ def measure_engine_overhead(engine, num_requests: int = OVERHEAD_REQUESTS) -> fl
 
         return wrapper
 
-    vocab = engine.arch.vocab_size
+    vocab = engine.model.vocab_size
     for i in range(num_requests):
         prompt = [(7 + 131 * i + 17 * j) % vocab for j in range(48 + 8 * i)]
         engine.add_request(f"__overhead-{i}", prompt, bench_params(16))
@@ -180,12 +180,12 @@ def predicted_profile_seconds(
 def profile_machine(config: EngineConfig, repeats: int = 2, progress: bool = True) -> MeasuredLatencyModel:
     """Profile ``config``'s engine on this machine and return its fitted latency model."""
     from sarathi.benchmark.profiler import check_point, profile_grid
-    from sarathi.engine.llm_engine import LLMEngine
+    from sarathi.executor.assemble import assemble_engine
 
     started = time.monotonic()
     # The profiling engine must not itself want an adaptive budget (which would need this profile).
     sched = dataclasses.replace(config.scheduler, adaptive_tbt_slo=None)
-    engine = LLMEngine(dataclasses.replace(config, scheduler=sched))
+    engine = assemble_engine(dataclasses.replace(config, scheduler=sched))
     try:
         repeated, large = profile_grid_points(engine.max_model_len)
         repeated = [p for p in repeated if _fits(check_point, engine, p)]

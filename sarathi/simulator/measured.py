@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from sarathi.core.batch_shape import BatchShape
+from sarathi.core.latency_model import LatencyModel
 from sarathi.metrics import percentile
-from sarathi.simulator.batch_shape import BatchShape
-from sarathi.simulator.latency_model import LatencyModel
 
 FORMAT_VERSION = 1
 _MAX_KNOTS = 6

@@ -10,9 +10,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from sarathi.core.batch_shape import BatchShape
+from sarathi.core.latency_model import LatencyModel
 from sarathi.metrics import percentile
-from sarathi.simulator.batch_shape import BatchShape
-from sarathi.simulator.latency_model import LatencyModel
 
 # Which share of the iterations' decode counts the check covers.
 DECODES_PERCENTILE = 90

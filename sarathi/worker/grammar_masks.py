@@ -22,7 +22,7 @@ import threading
 
 import torch
 
-from sarathi.executor.messages import SampledToken
+from sarathi.engine.step_messages import SampledToken
 from sarathi.model import kernels
 from sarathi.structured_output import (
     BIG_STACK_BYTES,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sarathi.executor.messages import StepInput
+from sarathi.engine.step_messages import StepInput
 from sarathi.model import SeqSlice, build_attention_metadata
 from sarathi.model.attention import AttentionMetadata
 

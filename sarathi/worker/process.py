@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import zmq
 
 from sarathi.config import EngineConfig
+from sarathi.engine.step_messages import StageTiming, StepOutput
 from sarathi.model.parallel import ShardSpec, init_distributed, threads_per_rank
 
 _PARENT_CHECK_MS = 1000
@@ -40,6 +41,14 @@ class WorkerReady:
     """A worker loaded its shard."""
 
     rank: int
+
+
+@dataclass(frozen=True)
+class StageDone:
+    """A rank's part of a step is done: when it ran, and (from the last stage) the step's output."""
+
+    timing: StageTiming
+    output: StepOutput | None
 
 
 @dataclass(frozen=True)
@@ -95,7 +104,7 @@ def run_worker(spec: WorkerSpec) -> None:
                 break
             output, timing = worker.execute(step)
             if reports:
-                results.send_pyobj(output if output is not None else timing)
+                results.send_pyobj(StageDone(timing, output))
         parallel.destroy()
     except Exception as e:
         traceback.print_exc()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from sarathi.executor.messages import PromptLogprobs
+from sarathi.engine.step_messages import PromptLogprobs
 from sarathi.outputs import TokenLogprob
 from sarathi.worker.model_runner import PromptRows
 

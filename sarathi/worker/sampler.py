@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from sarathi.executor.messages import SampledToken
+from sarathi.engine.step_messages import SampledToken
 from sarathi.model.kernels import argmax_rows
 from sarathi.outputs import TokenLogprob
 from sarathi.sampling_params import SamplingParams

@@ -11,7 +11,7 @@ import time
 import torch
 
 from sarathi.config import EngineConfig
-from sarathi.executor.messages import SampledToken, StageTiming, StepInput, StepOutput
+from sarathi.engine.step_messages import SampledToken, StageTiming, StepInput, StepOutput
 from sarathi.model import allocate_kv_cache, load_model
 from sarathi.model.loader import resolve_compute_dtype
 from sarathi.model.parallel import WHOLE_MODEL, ParallelContext, ShardSpec, TensorParallelGroup
@@ -92,18 +92,15 @@ class Worker:
         self.grammars.advance(request_ids, sampled)
         ready, failed = self.grammars.poll()
         timing = StageTiming(step.step_id, self.shard.pp_rank, start, time.monotonic())
-        return StepOutput(step.step_id, sampled, [timing], prompt, ready, failed), timing
+        return StepOutput(step.step_id, sampled, prompt, ready, failed), timing
 
     def _answer_grammar_poll(self, step: StepInput, start: float) -> tuple[StepOutput | None, StageTiming]:
         """A step with nothing scheduled: only the sampling stage answers, with the matchers' status."""
         output = None
         if self.shard.is_last_stage:
             ready, failed = self.grammars.poll(wait_s=0 if step.grammar_jobs else _GRAMMAR_POLL_WAIT_S)
-            output = StepOutput(step.step_id, [], [], [], ready, failed)
-        timing = StageTiming(step.step_id, self.shard.pp_rank, start, time.monotonic())
-        if output is not None:
-            output.timings.append(timing)
-        return output, timing
+            output = StepOutput(step.step_id, [], [], ready, failed)
+        return output, StageTiming(step.step_id, self.shard.pp_rank, start, time.monotonic())
 
     def _update_requests(self, step: StepInput) -> None:
         if self.grammars is not None:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from sarathi.benchmark.bench_cli import SUMMARY_KEYS, bench_configs
+from sarathi.benchmark.bench import SUMMARY_KEYS, bench_configs
 from sarathi.entrypoints.cli import main
 
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from sarathi.benchmark.pipeline_trace import bubble_fractions, chrome_trace
+from sarathi.engine.step_messages import StageTiming
 from sarathi.entrypoints.cli import main
-from sarathi.executor.messages import StageTiming
 from sarathi.outputs import IterationStats
 
 

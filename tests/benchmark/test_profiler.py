@@ -20,6 +20,7 @@ from sarathi.benchmark.profiler import (
 )
 from sarathi.config import engine_config
 from sarathi.engine.llm_engine import LLMEngine
+from sarathi.entrypoints.build import build_engine
 from sarathi.entrypoints.cli import main
 
 NUM_KV_BLOCKS = 256  # of 16 tokens
@@ -27,7 +28,7 @@ NUM_KV_BLOCKS = 256  # of 16 tokens
 
 @pytest.fixture(scope="module")
 def engine() -> LLMEngine:
-    return LLMEngine(engine_config(num_kv_blocks=NUM_KV_BLOCKS))
+    return build_engine(engine_config(num_kv_blocks=NUM_KV_BLOCKS))
 
 
 def test_grid_points_skip_the_empty_batch():

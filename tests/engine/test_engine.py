@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sarathi import LLM, LLMEngine, SamplingParams
+from sarathi import LLM, LLMEngine, SamplingParams, build_engine
 from sarathi.config import engine_config
 from sarathi.worker.sampler import FaultInjectingSampler
 
@@ -22,7 +22,7 @@ def llm() -> LLM:
 def _drain(engine: LLMEngine) -> dict:
     finished = {}
     while engine.has_unfinished_requests():
-        for out in engine.step():
+        for out in engine.step().outputs:
             if out.finished:
                 finished[out.request_id] = out
     return finished
@@ -69,7 +69,7 @@ def test_streamed_deltas_hold_back_a_possible_stop_string(llm):
     )
     deltas, last = [], None
     while engine.has_unfinished_requests():
-        for out in engine.step():
+        for out in engine.step().outputs:
             deltas.append(out.new_text)
             assert stop not in "".join(deltas)
             last = out
@@ -114,7 +114,7 @@ def test_logprobs_match_transformers(llm, smollm2_path):
 def _drain_all(engine: LLMEngine) -> list:
     outputs = []
     while engine.has_unfinished_requests():
-        outputs.extend(engine.step())
+        outputs.extend(engine.step().outputs)
     return outputs
 
 
@@ -252,7 +252,7 @@ def test_bf16_weights_halve_kv_memory_and_still_answer(compute_dtype):
     """--dtype bfloat16 stores weights and KV cache in bf16 (twice the blocks for the same memory budget),
     with fp32 or bf16 math."""
     budget = 0.05  # GiB
-    fp32_blocks = LLMEngine(engine_config(kv_cache_memory_gib=budget, dtype="float32")).num_kv_blocks
+    fp32_blocks = build_engine(engine_config(kv_cache_memory_gib=budget, dtype="float32")).num_kv_blocks
     bf16 = LLM(dtype="bfloat16", compute_dtype=compute_dtype, kv_cache_memory_gib=budget, max_model_len=512)
     engine = bf16.engine
     assert engine.num_kv_blocks // 2 == fp32_blocks  # (budget // half a block: maybe one more)

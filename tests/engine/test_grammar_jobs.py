@@ -5,7 +5,7 @@ leaves nothing behind."""
 
 from __future__ import annotations
 
-from sarathi import LLMEngine, SamplingParams
+from sarathi import LLMEngine, SamplingParams, build_engine
 from sarathi.config import engine_config
 from sarathi.structured_output import StructuredOutput
 
@@ -14,7 +14,7 @@ HEAVY_SCHEMA = {"type": "object", "properties": {f"p{i}": {"type": "integer"} fo
 
 
 def make_engine() -> LLMEngine:
-    return LLMEngine(engine_config(None, num_kv_blocks=256, max_model_len=512, dtype="float32"))
+    return build_engine(engine_config(None, num_kv_blocks=256, max_model_len=512, dtype="float32"))
 
 
 def test_a_heavy_constraint_compiles_while_other_requests_step():
@@ -27,7 +27,7 @@ def test_a_heavy_constraint_compiles_while_other_requests_step():
     steps_while_waiting, finished = 0, {}
     while engine.has_unfinished_requests():
         waiting = "json" in engine._compiling
-        outputs = engine.step()
+        outputs = engine.step().outputs
         steps_while_waiting += waiting and any(o.request_id == "free" for o in outputs)
         finished.update({o.request_id: o for o in outputs if o.finished})
     # llguidance's parser may give up a token or two in (its rows outgrow 2,000 items at this width): that
@@ -50,7 +50,7 @@ def test_failed_builds_and_aborts_of_waiting_requests():
     engine.add_request("ok", "Answer:", ok)
     finished = {}
     while engine.has_unfinished_requests():
-        finished.update({o.request_id: o for o in engine.step() if o.finished})
+        finished.update({o.request_id: o for o in engine.step().outputs if o.finished})
     assert finished["bad"].finish_reason == "error"
     assert finished["bad"].error_code == "invalid_structured_output"
     assert "admits no output" in finished["bad"].error and "\n" not in finished["bad"].error

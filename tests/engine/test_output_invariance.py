@@ -193,7 +193,7 @@ def test_aborts_in_flight_spare_the_others(parallel, prompts, reference, hf_mode
         aborted = {f"r{i}" for i in range(0, len(prompts), 3)}
         finished, steps = {}, 0
         while engine.has_unfinished_requests():
-            for out in engine.step():
+            for out in engine.step().outputs:
                 if out.finished:
                     finished[out.request_id] = out.token_ids
             steps += 1

@@ -13,7 +13,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from sarathi import LLM, SamplingParams  # noqa: E402
-from sarathi.executor import WorkerFailedError  # noqa: E402
+from sarathi.engine.executor_base import WorkerFailedError  # noqa: E402
 from sarathi.executor.ray_executor import RayExecutor, start_local_ray  # noqa: E402
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from sarathi.benchmark.bench_cli import SUMMARY_KEYS
+from sarathi.benchmark.bench import SUMMARY_KEYS
 from sarathi.entrypoints.cli import main
 
 WORKLOAD = [

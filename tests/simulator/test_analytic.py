@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
+from sarathi.core.batch_shape import BatchShape
 from sarathi.simulator.analytic import AnalyticLatencyModel, Calibration
 from sarathi.simulator.analytic_fit import PAPER_POINTS, PaperPoint, calibrate, evaluate
-from sarathi.simulator.batch_shape import BatchShape
 from sarathi.simulator.hardware import get_hardware
 from sarathi.simulator.model_spec import MODELS_DIR, ModelSpec, available_models, kv_cache_blocks
 

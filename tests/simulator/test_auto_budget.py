@@ -11,9 +11,9 @@ from sarathi.benchmark.capacity import CapacityResult, Probe, SearchSettings, Sl
 from sarathi.benchmark.profiler import ProfileResult
 from sarathi.benchmark.workload import WorkloadConfig
 from sarathi.config import engine_config
+from sarathi.core.batch_shape import BatchShape
 from sarathi.model import kernels
 from sarathi.simulator import auto_budget, machine_profile
-from sarathi.simulator.batch_shape import BatchShape
 from sarathi.simulator.cpu_identity import parse_cpuinfo
 from sarathi.simulator.measured import MeasuredLatencyModel
 from sarathi.simulator.mixed_iteration import LoadShape, mixed_iteration_time
@@ -180,7 +180,7 @@ def test_serve_and_bench_default_to_auto_generate_does_not():
 
 
 def test_bench_resolves_auto_once_and_only_for_chunking_schedulers(kept_profile):
-    from sarathi.benchmark.bench_cli import resolve_token_budgets
+    from sarathi.entrypoints.bench_cli import resolve_token_budgets
     from sarathi.entrypoints.cli import build_parser
 
     parser = build_parser()
@@ -198,7 +198,7 @@ def test_offline_llm_takes_auto_and_defaults_to_a_fixed_budget(kept_profile, mon
     from sarathi.entrypoints import llm as llm_module
 
     # The engine itself is not built: what matters is the config the LLM hands it.
-    monkeypatch.setattr(llm_module, "LLMEngine", lambda config: SimpleNamespace(config=config))
+    monkeypatch.setattr(llm_module, "build_engine", lambda config: SimpleNamespace(config=config))
     strict = llm_module.LLM(token_budget="auto").engine.config.scheduler.token_budget
     loose = llm_module.LLM(token_budget="auto", tbt_slo=10.0).engine.config.scheduler.token_budget
     assert strict in (16, 32) and loose > strict

@@ -8,10 +8,10 @@ import random
 from sarathi.benchmark.runner import run_in_process, warm_up
 from sarathi.benchmark.workload import BenchRequest
 from sarathi.config import engine_config
-from sarathi.engine.llm_engine import LLMEngine
-from sarathi.simulator.batch_shape import BatchShape
+from sarathi.core.batch_shape import BatchShape
+from sarathi.core.latency_model import LatencyModel
+from sarathi.entrypoints.build import build_engine
 from sarathi.simulator.cluster import make_replica, simulate, simulation_config
-from sarathi.simulator.latency_model import LatencyModel
 
 
 class UntilNextStart(LatencyModel):
@@ -39,7 +39,7 @@ def test_simulator_replays_the_real_engines_batches():
         requests.append(BenchRequest(f"r{i}", arrival, n, rng.randint(3, 10), prompt))
 
     config = engine_config(scheduler="sarathi", token_budget=32, num_kv_blocks=256)
-    engine = LLMEngine(config)
+    engine = build_engine(config)
     try:
         warm_up(engine, requests[0].prompt_token_ids[:16])
         first = len(engine.stats)

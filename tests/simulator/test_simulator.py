@@ -10,11 +10,11 @@ import pytest
 from sarathi.benchmark.capacity import Probe, Slo
 from sarathi.benchmark.workload import BenchRequest
 from sarathi.config import engine_config
+from sarathi.core.batch_shape import BatchShape
+from sarathi.core.latency_model import LatencyModel
 from sarathi.core.schedulers import SCHEDULERS
-from sarathi.simulator.adaptive_budget import AdaptiveBudget
-from sarathi.simulator.batch_shape import BatchShape
+from sarathi.core.schedulers.adaptive_budget import AdaptiveBudget
 from sarathi.simulator.cluster import Router, make_replica, simulate
-from sarathi.simulator.latency_model import LatencyModel
 from sarathi.simulator.measured import MeasuredLatencyModel, Sample, features, fit
 from sarathi.simulator.tune import Candidate, tune
 
@@ -145,7 +145,7 @@ def test_adaptive_budget_shrinks_with_slack():
 def test_simulate_and_tune_commands_write_what_bench_writes(tmp_path):
     import json
 
-    from sarathi.benchmark.bench_cli import SUMMARY_KEYS
+    from sarathi.benchmark.bench import SUMMARY_KEYS
     from sarathi.entrypoints.cli import main
 
     common = ["--hardware", "a100", "--model-spec", "mistral-7b", "--trace", "sharegpt", "--no-progress"]

@@ -195,6 +195,7 @@ async def _serve(
 
     from sarathi.core.schedulers import SCHEDULERS
     from sarathi.engine.core_client import EngineCoreClient
+    from sarathi.entrypoints.build import build_engine
     from sarathi.entrypoints.openai.api_server import ServerState, create_app
     from sarathi.entrypoints.openai.constraint_checker import ConstraintChecker
     from sarathi.entrypoints.openai.server_metrics import ServerMetrics
@@ -202,7 +203,7 @@ async def _serve(
 
     name = served_model_name(config.model.model, args.served_model_name)
     print(f"sarathi serve: loading {name} ...", flush=True)
-    client = EngineCoreClient(config, args.max_waiting, args.restart_engine_on_failure)
+    client = EngineCoreClient(config, build_engine, args.max_waiting, args.restart_engine_on_failure)
     try:
         ready = await client.start()
         tokenizer = Tokenizer(ready.tokenizer_dir) if ready.tokenizer_dir else None

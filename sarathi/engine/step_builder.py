@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from sarathi.core.batch import Batch
 from sarathi.core.block_manager import BlockManager
-from sarathi.executor.messages import GrammarJob, NewRequest, ScheduledRequest, StepInput
+from sarathi.engine.step_messages import GrammarJob, NewRequest, ScheduledRequest, StepInput
 from sarathi.structured_output import StructuredOutput
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
-from sarathi.simulator.batch_shape import BatchShape
+from sarathi.core.batch_shape import BatchShape
 
 
 class LatencyModel(ABC):

@@ -53,7 +53,7 @@ def parse_int_list(text: str, flag: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     from sarathi.benchmark.profile_plots import plot_profile
     from sarathi.benchmark.profiler import check_point, grid_points, profile_grid, write_csv
-    from sarathi.engine.llm_engine import LLMEngine
+    from sarathi.entrypoints.build import build_engine
 
     started = time.monotonic()
     try:
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         )
         if not points:
             raise ValueError("the grid is empty: every point has 0 prefill tokens and 0 decodes")
-        engine = LLMEngine(engine_config_from_args(args))
+        engine = build_engine(engine_config_from_args(args))
         for point in points:
             check_point(engine, point)
     except ValueError as e:

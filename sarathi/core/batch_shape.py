@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sarathi.executor.messages import StepInput
-
 
 @dataclass(frozen=True)
 class BatchShape:
@@ -53,11 +51,6 @@ class BatchShape:
                 prefill += n
                 attention += n * (start + (n + 1) / 2)
         return cls(prefill, float(attention), num_prefills, decodes, decode_context)
-
-    @classmethod
-    def from_step(cls, step: StepInput) -> BatchShape:
-        """The shape of an executor step."""
-        return cls.from_chunks([(s.start, s.num_tokens) for s in step.scheduled])
 
     @classmethod
     def from_grid(cls, prefill_tokens: int, decode_batch_size: int, context_len: int) -> BatchShape:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from sarathi.executor.messages import StageTiming, StepInput, StepOutput
+from sarathi.engine.step_messages import StageTiming, StepInput, StepOutput
 
 
 class WorkerFailedError(RuntimeError):

@@ -11,15 +11,20 @@ is then the rate at which conversations start, and it runs in-process only.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
-import math
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from sarathi.benchmark.chat_workload import ChatSession, ChatWorkloadConfig, generate_conversations
-from sarathi.benchmark.metrics_store import MetricsStore, json_safe
+from sarathi.benchmark.bench import (
+    CHAT,
+    BenchConfig,
+    BenchRun,
+    bench_configs,
+    format_table,
+    run_one_in_process,
+    summary_entry,
+    write_results,
+)
+from sarathi.benchmark.chat_workload import ChatWorkloadConfig
 from sarathi.benchmark.workload import (
     ARRIVALS,
     BUILTIN_TRACES,
@@ -34,41 +39,7 @@ from sarathi.benchmark.workload import (
 from sarathi.config import DEFAULT_TOKEN_BUDGET, SCHEDULER_NAMES, EngineConfig
 from sarathi.core.schedulers import SCHEDULERS
 from sarathi.entrypoints.args import add_engine_args, engine_config_from_args
-
-CHAT = "chat"
-SUMMARY_KEYS = (
-    "scheduler",
-    "token_budget",
-    "qps",
-    "num_requests",
-    "ttft_p50",
-    "ttft_p99",
-    "tbt_p50",
-    "tbt_p99",
-    "tbt_max",
-    "scheduling_delay_p50",
-    "e2e_p50",
-    "throughput_tokens_per_s",
-    "num_preemptions",
-)
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    """One engine configuration of a benchmark: a label and the scheduler settings it varies."""
-
-    label: str
-    scheduler: str
-    token_budget: int | str  # "auto" only for a live server (--url), which chose its own
-
-
-@dataclass
-class BenchRun:
-    """The outcome of one config: its metrics store and summary entry."""
-
-    config: BenchConfig
-    store: MetricsStore
-    summary: dict
+from sarathi.entrypoints.build import build_engine
 
 
 def csv_list(kind):
@@ -156,134 +127,11 @@ def workload_config_from_args(
     )
 
 
-def bench_configs(schedulers: list[str], budgets: list[int]) -> list[BenchConfig]:
-    """Every scheduler x budget; schedulers that ignore the budget run once (with the first budget)."""
-    for s in schedulers:
-        if s not in SCHEDULER_NAMES:
-            raise ValueError(f"unknown scheduler {s!r}; choose one of: {', '.join(SCHEDULER_NAMES)}")
-    if not schedulers or not budgets:
-        raise ValueError("need at least one scheduler and one token budget")
-    configs = []
-    for s in dict.fromkeys(schedulers):
-        chunked = SCHEDULERS[s].chunked_prefills  # bounded by the token budget; the others ignore it
-        for b in budgets if chunked else budgets[:1]:
-            label = f"{s}@{b}" if len(budgets) > 1 and chunked else s
-            configs.append(BenchConfig(label, s, b))
-    return configs
-
-
 def engine_config_for(args: argparse.Namespace, config: BenchConfig) -> EngineConfig:
     ns = argparse.Namespace(
         **{**vars(args), "scheduler": config.scheduler, "token_budget": config.token_budget}
     )
     return engine_config_from_args(ns)
-
-
-def run_one_in_process(
-    engine_config: EngineConfig,
-    workload: WorkloadConfig | ChatWorkloadConfig,
-    config: BenchConfig,
-    progress: bool = False,
-    engine=None,
-) -> BenchRun:
-    """Load an engine (unless given), warm it up, replay the workload and summarize."""
-    from sarathi.benchmark.runner import run_in_process, warm_up
-    from sarathi.engine.llm_engine import LLMEngine
-
-    owned = engine is None
-    engine = LLMEngine(engine_config) if owned else engine
-    try:
-        space = TokenSpace.of_engine(engine)
-        if isinstance(workload, ChatWorkloadConfig):
-            conversations = generate_conversations(workload, space)
-            warm_up(
-                engine, conversations[0].system_token_ids[:32] or conversations[0].turns[0].user_token_ids
-            )
-            requests = ChatSession(conversations)
-        else:
-            requests = generate_workload(workload, space)
-            warm_up(engine, requests[0].prompt_token_ids[:32])
-        store = run_in_process(engine, requests, progress=progress, desc=config.label)
-    finally:
-        if owned:
-            engine.shutdown()
-    entry = summary_entry(config, workload, store, "in-process")
-    entry["model"] = engine_config.model.model or "embedded SmolLM2-135M-Instruct"
-    entry["dtype"] = engine_config.model.dtype
-    entry["compute_dtype"] = engine_config.model.compute_dtype
-    entry["tensor_parallel_size"] = engine_config.parallel.tensor_parallel_size
-    entry["pipeline_parallel_size"] = engine_config.parallel.pipeline_parallel_size
-    return BenchRun(config, store, entry)
-
-
-# Both modes write the same keys; these are the ones only one mode knows (None in the other).
-_MODE_KEYS = {
-    "model": None,
-    "dtype": None,
-    "compute_dtype": None,
-    "tensor_parallel_size": None,
-    "pipeline_parallel_size": None,
-    "url": None,
-    "num_failed": 0,
-}
-
-
-def summary_entry(
-    config: BenchConfig, workload: WorkloadConfig | ChatWorkloadConfig, store: MetricsStore, mode: str
-) -> dict:
-    """The summary.json entry of one run: identity, workload settings, then the store's metrics."""
-    chat = isinstance(workload, ChatWorkloadConfig)
-    return {
-        "label": config.label,
-        "scheduler": config.scheduler,
-        "token_budget": config.token_budget,
-        "qps": workload.qps,
-        "mode": mode,
-        "trace": CHAT if chat else workload.trace,
-        "arrival": "poisson" if chat else workload.arrival,
-        "length_scale": None if chat else workload.length_scale,
-        "max_total_tokens": workload.max_total_tokens,
-        "seed": workload.seed,
-        **({"chat": dataclasses.asdict(workload)} if chat else {}),
-        **_MODE_KEYS,
-        **store.summary(),
-    }
-
-
-def write_results(runs: list[BenchRun], folder: str | Path) -> list[Path]:
-    """summary.json, one folder of CSVs per run, and the plots; returns the plot files."""
-    from sarathi.benchmark.plots import plot_bench
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    for run in runs:
-        run.store.write(folder / run.config.label, extra_summary=run.summary)
-    entries = [json_safe(r.summary) for r in runs]
-    (folder / "summary.json").write_text(json.dumps(entries, indent=2) + "\n")
-    return plot_bench({r.config.label: r.store for r in runs}, folder)
-
-
-def format_table(entries: list[dict]) -> str:
-    """A fixed-width table of the headline metrics (milliseconds for latencies)."""
-
-    def ms(v):
-        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * 1e3:.0f}"
-
-    def num(v, fmt):
-        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
-
-    head = (
-        f"{'config':<22}{'TTFT p50':>10}{'TTFT p99':>10}{'TBT p50':>9}{'TBT p99':>9}{'TBT max':>9}"
-        f"{'sched p50':>11}{'tok/s':>8}{'preempt':>9}"
-    )
-    lines = [head, "-" * len(head)]
-    for e in entries:
-        lines.append(
-            f"{e['label']:<22}{ms(e['ttft_p50']):>10}{ms(e['ttft_p99']):>10}{ms(e['tbt_p50']):>9}"
-            f"{ms(e['tbt_p99']):>9}{ms(e['tbt_max']):>9}{ms(e['scheduling_delay_p50']):>11}"
-            f"{num(e['throughput_tokens_per_s'], '.1f'):>8}{num(e['num_preemptions'], 'd'):>9}"
-        )
-    return "\n".join(lines) + "\n(latencies in ms; tok/s = output tokens per second)"
 
 
 def add_comparison_parser(
@@ -397,7 +245,11 @@ def run(args: argparse.Namespace) -> int:
             runs.append(_run_url(args, workload, configs[0], progress))
         else:
             for config, ec in zip(configs, engine_configs, strict=True):
-                runs.append(run_one_in_process(ec, workload, config, progress))
+                engine = build_engine(ec)
+                try:
+                    runs.append(run_one_in_process(ec, workload, config, engine, progress))
+                finally:
+                    engine.shutdown()
                 print(f"{config.label}: done", file=sys.stderr)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -13,21 +13,16 @@ import sys
 import time
 from pathlib import Path
 
-from sarathi.benchmark.bench_cli import (
-    BenchRun,
+from sarathi.benchmark.bench import BenchRun, bench_configs, format_table, summary_entry, write_results
+from sarathi.config import EngineConfig
+from sarathi.core.latency_model import LatencyModel
+from sarathi.entrypoints.bench_cli import (
     add_comparison_parser,
     add_workload_args,
-    bench_configs,
     engine_config_for,
-    format_table,
-    summary_entry,
     workload_config_from_args,
-    write_results,
 )
-from sarathi.benchmark.workload import TokenSpace, WorkloadConfig, generate_workload
-from sarathi.config import EngineConfig
-from sarathi.simulator.cluster import ROUTERS, Router, make_replica, simulate, simulation_config
-from sarathi.simulator.latency_model import LatencyModel
+from sarathi.simulator.cluster import ROUTERS, simulate_one, simulation_config
 
 
 def add_simulation_args(p: argparse.ArgumentParser) -> None:
@@ -85,38 +80,6 @@ def resolve_simulation(args: argparse.Namespace, config: EngineConfig) -> tuple[
     if model.num_stages != pp:
         raise ValueError(f"the latency profile has {model.num_stages} pipeline stages, the config {pp}")
     return sim_config, model
-
-
-def simulate_one(
-    sim_config: EngineConfig,
-    model: LatencyModel,
-    workload: WorkloadConfig,
-    num_replicas: int = 1,
-    router: str = "round_robin",
-    progress: bool = False,
-    desc: str | None = None,
-):
-    """Simulate ``workload`` on ``num_replicas`` engines of ``sim_config``; returns the metrics store."""
-    import copy
-
-    replicas = [make_replica(sim_config, copy.deepcopy(model)) for _ in range(num_replicas)]
-    requests = generate_workload(workload, TokenSpace.of_engine(replicas[0].engine))
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(requests), desc=desc, unit="req", leave=False)
-    try:
-        store = simulate(
-            replicas,
-            requests,
-            Router(router),
-            on_progress=(lambda n: bar.update(n - bar.n)) if bar is not None else None,
-        )
-    finally:
-        if bar is not None:
-            bar.close()
-    return store
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,15 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from sarathi.benchmark.bench_cli import (
-    add_comparison_parser,
-    add_workload_args,
-    bench_configs,
-    csv_list,
-    engine_config_for,
-    run_one_in_process,
-    workload_config_from_args,
-)
+from sarathi.benchmark.bench import bench_configs, run_one_in_process
 from sarathi.benchmark.capacity import (
     DEFAULT_MAX_SCHEDULING_DELAY,
     Probe,
@@ -30,6 +22,14 @@ from sarathi.benchmark.capacity import (
     resolve_slos,
 )
 from sarathi.benchmark.metrics_store import json_safe
+from sarathi.entrypoints.bench_cli import (
+    add_comparison_parser,
+    add_workload_args,
+    csv_list,
+    engine_config_for,
+    workload_config_from_args,
+)
+from sarathi.entrypoints.build import build_engine
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -79,8 +79,6 @@ def measure_decode_time(engine, batch_size: int, context_len: int) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sarathi.engine.llm_engine import LLMEngine
-
     try:
         settings = SearchSettings(args.qps_start, args.qps_min, args.qps_max, args.tolerance, args.max_probes)
         configs = bench_configs(args.schedulers, args.token_budget)
@@ -99,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, dict[str, dict]] = {}
     try:
         for config, ec in zip(configs, engine_configs, strict=True):
-            engine = LLMEngine(ec)
+            engine = build_engine(ec)
             if args.slo_multiple and decode_time is None:
                 decode_time = measure_decode_time(engine, args.decode_batch_size, args.decode_context_len)
                 print(
@@ -113,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
             def measure(qps, config=config, ec=ec, engine=engine, probes=probes):
                 if qps not in probes:
                     run = run_one_in_process(
-                        ec, workload_config_from_args(args, qps), config, not args.no_progress, engine
+                        ec, workload_config_from_args(args, qps), config, engine, not args.no_progress
                     )
                     run.store.write(
                         out / "probes" / f"{config.label}-qps{qps:.4g}", extra_summary=run.summary

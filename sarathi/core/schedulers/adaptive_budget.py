@@ -14,8 +14,8 @@ from __future__ import annotations
 import collections
 import math
 
-from sarathi.simulator.batch_shape import BatchShape
-from sarathi.simulator.latency_model import LatencyModel
+from sarathi.core.batch_shape import BatchShape
+from sarathi.core.latency_model import LatencyModel
 
 
 class AdaptiveBudget:

@@ -107,7 +107,6 @@ class StepOutput:
 
     step_id: int
     sampled: list[SampledToken]
-    timings: list[StageTiming] = field(default_factory=list)
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
     grammars_ready: list[str] = field(default_factory=list)
     grammar_errors: list[tuple[str, str]] = field(default_factory=list)
