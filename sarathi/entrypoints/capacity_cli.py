@@ -22,14 +22,14 @@ from sarathi.benchmark.capacity import (
     resolve_slos,
 )
 from sarathi.benchmark.metrics_store import json_safe
-from sarathi.entrypoints.bench_cli import (
+from sarathi.entrypoints.build import build_engine
+from sarathi.entrypoints.workload_args import (
     add_comparison_parser,
     add_workload_args,
     csv_list,
     engine_config_for,
     workload_config_from_args,
 )
-from sarathi.entrypoints.build import build_engine
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

@@ -14,34 +14,15 @@ import time
 from pathlib import Path
 
 from sarathi.benchmark.bench import BenchRun, bench_configs, format_table, summary_entry, write_results
-from sarathi.config import EngineConfig
-from sarathi.core.latency_model import LatencyModel
-from sarathi.entrypoints.bench_cli import (
+from sarathi.entrypoints.workload_args import (
     add_comparison_parser,
+    add_simulation_args,
     add_workload_args,
     engine_config_for,
+    resolve_simulation,
     workload_config_from_args,
 )
-from sarathi.simulator.cluster import ROUTERS, simulate_one, simulation_config
-
-
-def add_simulation_args(p: argparse.ArgumentParser) -> None:
-    """Latency-model and cluster flags shared by ``simulate`` and ``tune``."""
-    g = p.add_argument_group("simulation")
-    g.add_argument(
-        "--profile",
-        default=None,
-        help="latency model JSON from `sarathi profile` (default: this machine's cached profile)",
-    )
-    g.add_argument("--hardware", default=None, help="simulate a GPU instead (e.g. a100, h100)")
-    g.add_argument(
-        "--model-spec", default=None, help="with --hardware: a paper model (e.g. yi-34b) or a config.json"
-    )
-    g.add_argument(
-        "--gpus-per-node", type=int, default=None, help="with --hardware: GPUs per node (default 8)"
-    )
-    g.add_argument("--num-replicas", type=int, default=1, help="engines behind the router")
-    g.add_argument("--router", default="round_robin", choices=ROUTERS)
+from sarathi.simulator.cluster import simulate_one
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -55,31 +36,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
     return p
-
-
-def resolve_simulation(args: argparse.Namespace, config: EngineConfig) -> tuple[EngineConfig, LatencyModel]:
-    """The weight-free engine config and the latency model the flags ask for (ValueError names a problem)."""
-    if args.num_replicas < 1:
-        raise ValueError(f"--num-replicas must be >= 1, got {args.num_replicas}")
-    if args.hardware or args.model_spec:
-        if not (args.hardware and args.model_spec):
-            raise ValueError("--hardware and --model-spec go together")
-        from sarathi.simulator.gpu import gpu_simulation
-
-        return gpu_simulation(config, args.model_spec, args.hardware, args.gpus_per_node)
-    from sarathi.simulator.measured import MeasuredLatencyModel
-
-    sim_config = simulation_config(config)
-    if args.profile:
-        model = MeasuredLatencyModel.load(args.profile)
-    else:
-        from sarathi.simulator.machine_profile import machine_latency_model
-
-        model = machine_latency_model(config, progress=not getattr(args, "no_progress", False))
-    pp = config.parallel.pipeline_parallel_size
-    if model.num_stages != pp:
-        raise ValueError(f"the latency profile has {model.num_stages} pipeline stages, the config {pp}")
-    return sim_config, model
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,8 +17,13 @@ from pathlib import Path
 
 from sarathi.benchmark.capacity import DEFAULT_MAX_SCHEDULING_DELAY, Slo
 from sarathi.entrypoints.args import add_engine_args, engine_config_from_args
-from sarathi.entrypoints.bench_cli import add_workload_args, csv_list, workload_config_from_args
-from sarathi.entrypoints.simulate_cli import add_simulation_args, resolve_simulation
+from sarathi.entrypoints.workload_args import (
+    add_simulation_args,
+    add_workload_args,
+    csv_list,
+    resolve_simulation,
+    workload_config_from_args,
+)
 from sarathi.simulator.tune import DEFAULT_BUDGETS, Candidate, format_result, tune_config
 
 
