@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import argparse
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any
 
 SCHEDULER_NAMES = ("sarathi", "vllm", "orca", "faster_transformer", "simple_chunking")
 
@@ -13,14 +15,38 @@ DEFAULT_TOKEN_BUDGET = 64
 DEFAULT_MAX_NUM_SEQS = 128
 DEFAULT_KV_CACHE_MEMORY_GIB = 2.0
 DTYPES = ("float32", "bfloat16")
-# "auto": bfloat16 math where our bf16 GEMM kernel runs (bf16 weights, AVX512-BF16), else float32.
 COMPUTE_DTYPES = ("auto", *DTYPES)
 EXECUTOR_BACKENDS = ("mp", "ray")
-# "auto": by path (.gguf, else a safetensors folder); "dummy": random weights for a config (no checkpoint).
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
-# Weight quantizations: none (weights in `dtype`), gguf (a GGUF file's own blocks, vLLM's name), int8 / int4
-# (weight-only, quantized at load, groups of 32 weights: int8 symmetric, int4 with an offset)
 QUANTIZATIONS = ("none", "gguf", "int8", "int4")
+
+
+def knob(
+    default: Any, help: str, *, keyword: str | None = None, flags: tuple[str, ...] = (), **kwargs: Any
+) -> Any:
+    """A config field that is also an engine flag (``sarathi.entrypoints.args`` adds and reads it).
+
+    ``keyword`` is its ``engine_config`` keyword and flag name where not the field's name, ``flags`` its
+    option strings where not ``--keyword``; ``help`` and ``kwargs`` (type, choices, action) go to argparse.
+    """
+    return field(
+        default=default, metadata={"keyword": keyword, "flags": flags, "argparse": {"help": help, **kwargs}}
+    )
+
+
+def keyword(f: Field) -> str:
+    """A section field's ``engine_config`` keyword (its flag is ``--keyword`` unless it names its own)."""
+    return f.metadata.get("keyword") or f.name
+
+
+def token_budget_arg(text: str) -> int | str:
+    """``--token-budget``: a positive integer or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
 @dataclass(frozen=True)
@@ -33,10 +59,12 @@ class ChunkSchedule:
     iteration time near-uniform.
     """
 
-    low_chunk_size: int
-    high_chunk_size: int
-    num_stages: int
-    tokens_per_stage: int
+    low_chunk_size: int = knob(MISSING, "enables the dynamic chunk schedule", type=int)
+    high_chunk_size: int = knob(MISSING, "default: the token budget", type=int)
+    num_stages: int = knob(4, "chunk sizes from high to low", flags=("--chunk-schedule-stages",), type=int)
+    tokens_per_stage: int = knob(
+        512, "prompt tokens per chunk size", flags=("--chunk-schedule-tokens-per-stage",), type=int
+    )
 
     def __post_init__(self) -> None:
         if not 1 <= self.low_chunk_size <= self.high_chunk_size:
@@ -71,10 +99,15 @@ class SchedulerConfig:
     (vllm, orca, faster_transformer); None means the model's max length.
     """
 
-    name: str = "sarathi"
-    token_budget: int = DEFAULT_TOKEN_BUDGET
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_num_batched_tokens: int | None = None
+    name: str = knob("sarathi", f"one of: {', '.join(SCHEDULER_NAMES)}", keyword="scheduler")
+    token_budget: int = knob(
+        DEFAULT_TOKEN_BUDGET,
+        "tokens per iteration, or 'auto': chosen for --tbt-slo by simulation on this machine's "
+        "latency profile (measured once, then cached)",
+        type=token_budget_arg,
+    )
+    max_num_seqs: int = knob(DEFAULT_MAX_NUM_SEQS, "sequences running at once", type=int)
+    max_num_batched_tokens: int | None = knob(None, "prompt tokens per batch (vllm/orca/ft)", type=int)
     chunk_schedule: ChunkSchedule | None = None
     #: With a value (seconds), the sarathi scheduler sets each iteration's budget (at most
     #: ``token_budget``) from the running decodes' slack to this P99 TBT target and a latency model.
@@ -101,11 +134,20 @@ class CacheConfig:
     """Paged KV cache: block size, pool size (a block count, or a memory budget in GiB) and whether full
     blocks are reused across requests that share a prefix (automatic prefix caching)."""
 
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    kv_cache_memory_gib: float | None = None
+    block_size: int = knob(16, "tokens per KV block", type=int)
+    num_kv_blocks: int | None = knob(None, "KV pool size in blocks", type=int)
+    kv_cache_memory_gib: float | None = knob(
+        None,
+        f"KV pool size in GiB (default {DEFAULT_KV_CACHE_MEMORY_GIB:g})",
+        flags=("--kv-cache-memory",),
+        type=float,
+    )
     watermark: float = 0.01
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = knob(
+        True,
+        "reuse the KV of full blocks of prompts seen before (default: on)",
+        action=argparse.BooleanOptionalAction,
+    )
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -137,14 +179,30 @@ class ModelConfig:
     dequantizes to) ``dtype``.
     """
 
-    model: str | None = None
-    load_format: str = "auto"
-    dtype: str = "bfloat16"
-    compute_dtype: str = "auto"
-    max_model_len: int | None = None
-    seed: int = 0
+    model: str | None = knob(None, "HF checkpoint folder or .gguf file (default: embedded SmolLM2)")
+    load_format: str = knob(
+        "auto",
+        "auto (by path: .gguf, else a safetensors folder), or dummy (random weights for a config)",
+        choices=LOAD_FORMATS,
+    )
+    dtype: str = knob("bfloat16", "weights and KV cache (float32: exact, slower)", choices=DTYPES)
+    compute_dtype: str = knob(
+        "auto",
+        "matmul arithmetic: bfloat16 (bf16 inputs, fp32 accumulation; needs --dtype bfloat16), float32, "
+        "or auto (bfloat16 where our AVX512-BF16 kernel runs, else float32)",
+        choices=COMPUTE_DTYPES,
+    )
+    quantization: str = knob(
+        "none",
+        "gguf: serve a GGUF file's quantized layers in its own bytes (bf16 activations, fp32 sums); "
+        "int8 / int4: quantize the linear layers at load (groups of 32); none: weights in --dtype",
+        choices=QUANTIZATIONS,
+    )
+    max_model_len: int | None = knob(
+        None, "prompt plus output tokens (default: the model's maximum)", type=int
+    )
+    seed: int = knob(0, "seed of the sampler and of dummy weights", type=int)
     hf_config: dict | None = None
-    quantization: str = "none"
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:
@@ -182,9 +240,17 @@ class ParallelConfig:
     for more than one rank.
     """
 
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    distributed_executor_backend: str | None = None
+    tensor_parallel_size: int = knob(
+        1, "worker processes splitting each layer", flags=("--tensor-parallel-size", "-tp"), type=int
+    )
+    pipeline_parallel_size: int = knob(
+        1, "pipeline stages (worker processes)", flags=("--pipeline-parallel-size", "-pp"), type=int
+    )
+    distributed_executor_backend: str | None = knob(
+        None,
+        "mp: worker processes on this machine (default for more than one rank); ray: Ray actors",
+        choices=EXECUTOR_BACKENDS,
+    )
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
@@ -215,65 +281,21 @@ class ParallelConfig:
 class EngineConfig:
     """Everything the engine needs: model, KV cache, scheduler and parallelism settings."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    cache: CacheConfig = field(default_factory=CacheConfig)
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"title": "model"})
+    cache: CacheConfig = field(default_factory=CacheConfig, metadata={"title": "KV cache"})
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig, metadata={"title": "scheduler"})
+    parallel: ParallelConfig = field(default_factory=ParallelConfig, metadata={"title": "parallelism"})
 
 
-def engine_config(
-    model: str | None = None,
-    *,
-    scheduler: str = "sarathi",
-    token_budget: int = DEFAULT_TOKEN_BUDGET,
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
-    max_num_batched_tokens: int | None = None,
-    chunk_schedule: ChunkSchedule | None = None,
-    adaptive_tbt_slo: float | None = None,
-    dtype: str = "bfloat16",
-    compute_dtype: str = "auto",
-    load_format: str = "auto",
-    quantization: str = "none",
-    max_model_len: int | None = None,
-    hf_config: dict | None = None,
-    seed: int = 0,
-    block_size: int = 16,
-    num_kv_blocks: int | None = None,
-    kv_cache_memory_gib: float | None = None,
-    enable_prefix_caching: bool = True,
-    tensor_parallel_size: int = 1,
-    pipeline_parallel_size: int = 1,
-    distributed_executor_backend: str | None = None,
-) -> EngineConfig:
-    """Build a validated EngineConfig from flat keyword arguments (the offline API and the CLI use this)."""
-    return EngineConfig(
-        model=ModelConfig(
-            model=model,
-            load_format=load_format,
-            dtype=dtype,
-            compute_dtype=compute_dtype,
-            quantization=quantization,
-            max_model_len=max_model_len,
-            seed=seed,
-            hf_config=hf_config,
-        ),
-        cache=CacheConfig(
-            block_size=block_size,
-            num_kv_blocks=num_kv_blocks,
-            kv_cache_memory_gib=kv_cache_memory_gib,
-            enable_prefix_caching=enable_prefix_caching,
-        ),
-        scheduler=SchedulerConfig(
-            name=scheduler,
-            token_budget=token_budget,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            chunk_schedule=chunk_schedule,
-            adaptive_tbt_slo=adaptive_tbt_slo,
-        ),
-        parallel=ParallelConfig(
-            tensor_parallel_size=tensor_parallel_size,
-            pipeline_parallel_size=pipeline_parallel_size,
-            distributed_executor_backend=distributed_executor_backend,
-        ),
-    )
+def engine_config(model: str | None = None, **settings: Any) -> EngineConfig:
+    """Build a validated EngineConfig from flat keyword arguments, one per section field (``keyword``);
+    the offline API and the CLI use this."""
+    settings["model"] = model
+    sections = {}
+    for section in fields(EngineConfig):
+        cls = section.default_factory
+        kwargs = {f.name: settings.pop(keyword(f)) for f in fields(cls) if keyword(f) in settings}
+        sections[section.name] = cls(**kwargs)
+    if settings:
+        raise TypeError(f"engine_config() got unexpected keyword arguments: {', '.join(settings)}")
+    return EngineConfig(**sections)

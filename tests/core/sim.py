@@ -247,7 +247,7 @@ class PolicyChecker:
             "work left, nothing in flight, but nothing scheduled (deadlock)"
         )
         cap = cfg.max_num_seqs
-        if cfg.name in ("sarathi", "simple_chunking"):
+        if sched.chunked_prefills:
             cap = min(cap, cfg.token_budget)  # so that all running decodes fit one iteration
         assert len(sched.running) <= cap
         preempted = {s.seq_id for s in batch.preempted}
@@ -296,7 +296,7 @@ class PolicyChecker:
         assert not waits or not nothing_in_flight
         all_decodes_in = all(s in decodes or s in preempted or s in waits for s in decoding_before)
         whole = all(e.samples and e in admitted for e in prefills)
-        if cfg.name in ("sarathi", "simple_chunking"):
+        if sched.chunked_prefills:
             assert batch.num_tokens <= cfg.token_budget
             if cfg.chunk_schedule is not None:
                 assert all(e.num_tokens <= cfg.chunk_schedule.chunk_size(e.start) for e in prefills)

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import MISSING, dataclass, fields
 
 import pytest
 
-from sarathi.entrypoints.args import add_engine_args, engine_config_from_args
+from sarathi.config import ChunkSchedule, EngineConfig, SchedulerConfig, engine_config, keyword, knob
+from sarathi.entrypoints.args import (
+    NOT_FLAGS,
+    add_config_args,
+    add_engine_args,
+    config_args,
+    engine_config_from_args,
+)
 from sarathi.entrypoints.cli import main
 
 
@@ -68,3 +76,48 @@ def test_generate_command_prints_the_answer(capsys):
 def test_generate_command_rejects_bad_sampling(capsys):
     assert main(["generate", "hi", "--top-p", "0", "--num-kv-blocks", "8"]) == 2
     assert "top_p must be in (0, 1]" in capsys.readouterr().err
+
+
+def _sections() -> list[type]:
+    return [s.default_factory for s in fields(EngineConfig)]
+
+
+def test_every_config_field_is_a_flag_with_help_or_deliberately_not():
+    parser = add_engine_args(argparse.ArgumentParser())
+    helps = {a.help for a in parser._actions}
+    defaults = parser.parse_args([])
+    for cls in [*_sections(), ChunkSchedule]:
+        flags = config_args(defaults, cls)  # reads every knob's flag: AttributeError if one is missing
+        for f in fields(cls):
+            if f.name in NOT_FLAGS:
+                assert "argparse" not in f.metadata
+                continue
+            help = f.metadata.get("argparse", {}).get("help")
+            assert help and help in helps, f"{cls.__name__}.{f.name} has no flag with help"
+            assert flags[keyword(f)] == (None if f.default is MISSING else f.default)
+    keywords = [keyword(f) for cls in _sections() for f in fields(cls)]
+    assert len(keywords) == len(set(keywords)), "an engine_config keyword must name one field"
+
+
+def test_a_new_knob_field_is_a_flag_end_to_end():
+    @dataclass(frozen=True)
+    class Demo:
+        demo_knob: int = knob(3, "a made-up knob", type=int)
+        renamed: str = knob("a", "picks a letter", flags=("--letter", "-l"), choices=("a", "b"))
+        plain: float = 0.5
+
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, Demo)
+    assert "a made-up knob" in parser.format_help() and "--plain" not in parser.format_help()
+    assert Demo(**config_args(parser.parse_args([]), Demo)) == Demo()
+    assert Demo(**config_args(parser.parse_args(["--demo-knob", "7", "-l", "b"]), Demo)) == Demo(7, "b")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--letter", "c"])
+
+
+def test_engine_config_keywords_come_from_the_fields():
+    c = engine_config("m.gguf", scheduler="orca", kv_cache_memory_gib=1.5, tensor_parallel_size=2)
+    assert (c.model.model, c.scheduler.name, c.cache.kv_cache_memory_gib) == ("m.gguf", "orca", 1.5)
+    assert c.parallel.tensor_parallel_size == 2 and c.scheduler.token_budget == SchedulerConfig().token_budget
+    with pytest.raises(TypeError, match="unexpected keyword arguments: name"):
+        engine_config(name="orca")
