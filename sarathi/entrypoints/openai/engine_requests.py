@@ -27,7 +27,8 @@ async def submit(
     state: ServerState, request_id: str, prompt_ids: list[int], params: SamplingParams, after: str | None
 ) -> RequestStream:
     """Hand a request to the engine core; its rejection as the matching APIError (400, 429, 500, 503).
-    A structured output is compiled first, in the constraint checker's helper process."""
+    A structured output is compiled first, in the constraint checker's helper process (crash isolation);
+    the sampling worker builds its matcher again, unavoidably: the matcher lives in the worker's process."""
     if params.structured_output is not None:
         await check_constraints(state.constraints, [params.structured_output])
     try:
