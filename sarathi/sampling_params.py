@@ -1,4 +1,4 @@
-"""Per-request sampling parameters, validated on construction."""
+"""Per-request sampling parameters, validated on construction; InvalidRequestError names the bad field."""
 
 from __future__ import annotations
 
@@ -10,6 +10,19 @@ from sarathi.structured_output import StructuredOutput
 GREEDY_TEMPERATURE = 1e-5
 MAX_LOGIT_BIAS = 100.0  # OpenAI's bound on one logit_bias value
 MAX_CHOICES = 64  # n and best_of: each choice is a sequence of its own
+
+
+class InvalidRequestError(ValueError):
+    """A request refused as given. ``param`` names the request field at fault (the OpenAI field name,
+    e.g. "prompt", "stop_token_ids", "temperature"); ``code`` is an optional machine-readable reason."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+
+def _invalid(param: str, why: str) -> InvalidRequestError:
+    return InvalidRequestError(f"{param} {why}", param)
 
 
 @dataclass(frozen=True)
@@ -71,57 +84,57 @@ class SamplingParams:
         _check_number("min_p", self.min_p, 0.0, 1.0)
         _check_number("repetition_penalty", self.repetition_penalty, 0.0, 1e9)
         if self.repetition_penalty == 0:
-            raise ValueError("repetition_penalty must be > 0, got 0")
+            raise _invalid("repetition_penalty", "must be > 0, got 0")
         # Accept lists/single strings from callers, store tuples so the object stays hashable.
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         object.__setattr__(self, "stop", stop)
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids or ()))
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+            raise _invalid("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
         if (
             isinstance(self.min_tokens, bool)
             or not isinstance(self.min_tokens, int)
             or not 0 <= self.min_tokens <= self.max_tokens
         ):
-            raise ValueError(f"min_tokens must be an integer in [0, max_tokens], got {self.min_tokens!r}")
+            raise _invalid("min_tokens", f"must be an integer in [0, max_tokens], got {self.min_tokens!r}")
         if not isinstance(self.temperature, int | float) or self.temperature < 0:
-            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+            raise _invalid("temperature", f"must be a number >= 0, got {self.temperature!r}")
         if not isinstance(self.top_p, int | float) or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise _invalid("top_p", f"must be in (0, 1], got {self.top_p!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
-            raise ValueError(f"top_k must be -1, 0 (disabled) or a positive integer, got {self.top_k!r}")
+            raise _invalid("top_k", f"must be -1, 0 (disabled) or a positive integer, got {self.top_k!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+            raise _invalid("seed", f"must be an integer or None, got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+            raise _invalid("stop", f"must be a list of non-empty strings, got {self.stop!r}")
         if self.logprobs is not None and (
             isinstance(self.logprobs, bool)
             or not isinstance(self.logprobs, int)
             or not 0 <= self.logprobs <= 20
         ):
-            raise ValueError(f"logprobs must be an integer in [0, 20] or None, got {self.logprobs!r}")
+            raise _invalid("logprobs", f"must be an integer in [0, 20] or None, got {self.logprobs!r}")
         if self.prompt_logprobs is not None and (
             isinstance(self.prompt_logprobs, bool)
             or not isinstance(self.prompt_logprobs, int)
             or not 0 <= self.prompt_logprobs <= 20
         ):
-            raise ValueError(
-                f"prompt_logprobs must be an integer in [0, 20] or None, got {self.prompt_logprobs!r}"
+            raise _invalid(
+                "prompt_logprobs", f"must be an integer in [0, 20] or None, got {self.prompt_logprobs!r}"
             )
         if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_CHOICES:
-            raise ValueError(f"n must be an integer in [1, {MAX_CHOICES}], got {self.n!r}")
+            raise _invalid("n", f"must be an integer in [1, {MAX_CHOICES}], got {self.n!r}")
         if self.best_of is not None and (
             isinstance(self.best_of, bool)
             or not isinstance(self.best_of, int)
             or not self.n <= self.best_of <= MAX_CHOICES
         ):
-            raise ValueError(
-                f"best_of must be an integer in [n, {MAX_CHOICES}] or None, got {self.best_of!r}"
+            raise _invalid(
+                "best_of", f"must be an integer in [n, {MAX_CHOICES}] or None, got {self.best_of!r}"
             )
         if self.structured_output is not None and not isinstance(self.structured_output, StructuredOutput):
-            raise ValueError(f"structured_output must be a StructuredOutput, got {self.structured_output!r}")
+            raise _invalid("structured_output", f"must be a StructuredOutput, got {self.structured_output!r}")
         if any(t < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be non-negative, got {self.stop_token_ids!r}")
+            raise _invalid("stop_token_ids", f"must be non-negative, got {self.stop_token_ids!r}")
 
     @property
     def penalized(self) -> bool:
@@ -142,7 +155,7 @@ class SamplingParams:
 
 def _check_number(name: str, value: object, low: float, high: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
+        raise _invalid(name, f"must be a number in [{low}, {high}], got {value!r}")
 
 
 def _logit_bias_pairs(bias: Mapping | Iterable | None) -> tuple[tuple[int, float], ...]:
@@ -153,13 +166,13 @@ def _logit_bias_pairs(bias: Mapping | Iterable | None) -> tuple[tuple[int, float
         try:
             key, value = item
         except (TypeError, ValueError):
-            raise ValueError(f"logit_bias must map token ids to numbers, got {item!r}") from None
+            raise _invalid("logit_bias", f"must map token ids to numbers, got {item!r}") from None
         if isinstance(key, str) and key.strip().lstrip("-").isdigit():
             key = int(key)
         if isinstance(key, bool) or not isinstance(key, int) or key < 0:
-            raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {key!r}")
+            raise _invalid("logit_bias", f"keys must be token ids (integers >= 0), got {key!r}")
         if isinstance(value, bool) or not isinstance(value, int | float) or not abs(value) <= MAX_LOGIT_BIAS:
-            raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {value!r} for {key}")
+            raise _invalid("logit_bias", f"values must be numbers in [-100, 100], got {value!r} for {key}")
         pairs[key] = float(value)
     return tuple(sorted(pairs.items()))
 

@@ -28,9 +28,9 @@ from sarathi.engine.core_messages import (
     Rejection,
     Shutdown,
 )
+from sarathi.engine.input_processor import EngineRequest
 from sarathi.engine.llm_engine import LLMEngine
 from sarathi.outputs import RequestOutput
-from sarathi.sampling_params import SamplingParams
 
 _WATCHDOG_INTERVAL_S = 0.1
 # The engine core sends a heartbeat every 0.5 s when idle and a message per iteration when busy; an
@@ -43,13 +43,11 @@ class EngineDeadError(RuntimeError):
 
 
 class RequestRejectedError(ValueError):
-    """The engine refused a request: invalid for this engine, (``overloaded``) its queue is full, or
-    (``internal``) accepting it failed inside the engine."""
+    """The engine refused a request; ``rejection`` says why (its reason, and the field at fault)."""
 
-    def __init__(self, message: str, overloaded: bool = False, internal: bool = False) -> None:
-        super().__init__(message)
-        self.overloaded = overloaded
-        self.internal = internal
+    def __init__(self, rejection: Rejection) -> None:
+        super().__init__(rejection.message)
+        self.rejection = rejection
 
 
 @dataclass
@@ -209,8 +207,7 @@ class EngineCoreClient:
     async def add_request(
         self,
         request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
+        request: EngineRequest,
         arrival_time: float,
         after: str | None = None,
     ) -> RequestStream:
@@ -223,7 +220,7 @@ class EngineCoreClient:
         loop = asyncio.get_running_loop()
         pending = _Pending(loop.create_future(), asyncio.Queue())
         self._pending[request_id] = pending
-        self._in.send_pyobj(AddRequest(request_id, prompt_token_ids, params, arrival_time, after))
+        self._in.send_pyobj(AddRequest(request_id, request, arrival_time, after))
         try:
             await pending.accepted
         except BaseException:
@@ -267,9 +264,7 @@ class EngineCoreClient:
     def _reject(self, rejection: Rejection) -> None:
         pending = self._pending.pop(rejection.request_id, None)
         if pending is not None and not pending.accepted.done():
-            pending.accepted.set_exception(
-                RequestRejectedError(rejection.message, rejection.overloaded, rejection.internal)
-            )
+            pending.accepted.set_exception(RequestRejectedError(rejection))
 
     async def _watchdog(self) -> None:
         # Runs until the process is gone, also after an EngineFailed message: is_alive() reaps the exited

@@ -5,23 +5,23 @@ Pure Python (no torch): the API process works with these without loading the mod
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from sarathi.config import EngineConfig
+from sarathi.engine.input_processor import EngineRequest
 from sarathi.outputs import IterationStats, RequestOutput
-from sarathi.sampling_params import SamplingParams
 
 # --- API process -> engine core -------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class AddRequest:
-    """Queue a tokenized request. ``arrival_time`` is on the shared ``time.monotonic`` clock; ``after``: a
-    sibling choice whose prefill this one waits for (``LLMEngine.add_request``)."""
+    """Queue a request the API process has checked (``InputProcessor``). ``arrival_time`` is on the shared
+    ``time.monotonic`` clock; ``after``: a sibling choice whose prefill this one waits for."""
 
     request_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
+    request: EngineRequest
     arrival_time: float
     after: str | None = None
 
@@ -63,15 +63,23 @@ class EngineFailed:
     message: str
 
 
+class RejectReason(enum.Enum):
+    """Why the engine core refused a request."""
+
+    INVALID = "invalid"  # it can never run on this engine (e.g. too large for the KV cache)
+    OVERLOADED = "overloaded"  # the waiting queue is full: retry later
+    INTERNAL = "internal"  # accepting it raised an unexpected error (a server bug, not bad input)
+
+
 @dataclass(frozen=True)
 class Rejection:
-    """A request the engine refused. ``overloaded`` means the waiting queue was full (retry later);
-    ``internal`` that accepting it raised an unexpected error (a server bug, not bad input)."""
+    """A request the engine refused; ``param`` names the request field at fault, if one is."""
 
     request_id: str
     message: str
-    overloaded: bool = False
-    internal: bool = False
+    reason: RejectReason = RejectReason.INVALID
+    param: str | None = None
+    code: str | None = None
 
 
 @dataclass(frozen=True)

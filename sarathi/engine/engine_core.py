@@ -25,9 +25,11 @@ from sarathi.engine.core_messages import (
     EngineFailed,
     EngineReady,
     Rejection,
+    RejectReason,
     Shutdown,
 )
 from sarathi.engine.llm_engine import LLMEngine
+from sarathi.sampling_params import InvalidRequestError
 
 HEARTBEAT_INTERVAL_S = 0.5
 
@@ -77,24 +79,21 @@ class EngineCore:
 
     def _handle(self, message: object, out: CoreOutputs) -> None:
         if isinstance(message, AddRequest):
+            m = message
             if self.engine.num_waiting >= self.max_waiting:
-                out.rejected.append(
-                    Rejection(message.request_id, f"the waiting queue is full ({self.max_waiting})", True)
-                )
+                full = f"the waiting queue is full ({self.max_waiting})"
+                out.rejected.append(Rejection(m.request_id, full, RejectReason.OVERLOADED))
                 return
-            try:
-                m = message
-                self.engine.add_request(
-                    m.request_id, m.prompt_token_ids, m.sampling_params, m.arrival_time, after=m.after
-                )
-            except ValueError as e:
-                out.rejected.append(Rejection(message.request_id, str(e)))
+            try:  # checked by the API process: only what depends on the engine's state can fail here
+                self.engine.add_request(m.request_id, m.request, arrival_time=m.arrival_time, after=m.after)
+            except InvalidRequestError as e:
+                out.rejected.append(Rejection(m.request_id, e.message, param=e.param, code=e.code))
             except Exception as e:  # a bug, not bad input: refuse this request, keep serving the others
                 traceback.print_exc()
                 error = f"internal error: {type(e).__name__}: {e}"
-                out.rejected.append(Rejection(message.request_id, error, internal=True))
+                out.rejected.append(Rejection(m.request_id, error, RejectReason.INTERNAL))
             else:
-                out.accepted.append(message.request_id)
+                out.accepted.append(m.request_id)
         elif isinstance(message, AbortRequests):
             for request_id in message.request_ids:
                 self.engine.abort_request(request_id)

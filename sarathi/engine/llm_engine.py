@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -16,12 +17,13 @@ from sarathi.core.schedulers.base import BudgetController
 from sarathi.core.sequence import Sequence, SequenceStatus
 from sarathi.engine.core_messages import EngineSnapshot
 from sarathi.engine.executor_base import Executor, WorkerFailedError
+from sarathi.engine.input_processor import EngineRequest, InputProcessor
 from sarathi.engine.model_info import ModelInfo
 from sarathi.engine.output_processor import OutputProcessor
 from sarathi.engine.step_builder import StepBuilder
 from sarathi.engine.step_messages import SampledToken, StageTiming
 from sarathi.outputs import IterationStats, RequestOutput
-from sarathi.sampling_params import SamplingParams
+from sarathi.sampling_params import InvalidRequestError, SamplingParams
 from sarathi.tokenizer import Tokenizer
 
 _MAX_KEPT_STATS = 100_000
@@ -128,47 +130,44 @@ class LLMEngine:
     def add_request(
         self,
         request_id: str,
-        prompt: str | list[int],
+        prompt: str | list[int] | EngineRequest,
         sampling_params: SamplingParams | None = None,
         arrival_time: float | None = None,
         after: str | None = None,
     ) -> None:
-        """Queue a request (a text prompt or token ids). Raises ValueError naming the problem.
+        """Queue a request: an ``EngineRequest`` (checked by an ``InputProcessor``), or a text prompt or
+        token ids with ``sampling_params``, checked here by ``input_processor``. Raises
+        ``InvalidRequestError`` (a ValueError) naming the problem.
 
         ``after`` names a request whose prompt this one shares (a sibling choice of ``n``): this one waits
         until that one has its first token, so with prefix caching it reads the prompt's KV blocks instead
         of computing them again. Its arrival time (and so its TTFT) includes the wait.
         """
         if request_id in self._seqs:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        params = sampling_params or SamplingParams()
-        if params.num_sequences > 1:
-            raise ValueError(
-                f"n={params.n}, best_of={params.best_of}: the engine runs one sequence per request; "
-                "fan it out with sarathi.parallel_sampling.child_params (LLM.generate and the server do)"
-            )
-        token_ids = self._prompt_token_ids(prompt)
-        vocab = self.model.vocab_size
-        if bad := [t for t in params.stop_token_ids if t >= vocab]:
-            raise ValueError(f"stop_token_ids must be token ids in [0, {vocab}), got {bad[:5]}")
-        if params.structured_output is not None and self.model.tokenizer_dir is None:
-            raise ValueError("structured_output: needs a tokenizer; this model has none")
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if not isinstance(prompt, EngineRequest):
+            prompt = self.input_processor.process(prompt, sampling_params or SamplingParams())
+        params = prompt.sampling_params
         seq = Sequence(
             seq_id=request_id,
-            prompt_token_ids=token_ids,
+            prompt_token_ids=prompt.prompt_token_ids,
             sampling_params=params,
             arrival_time=self.clock() if arrival_time is None else arrival_time,
             max_model_len=self.max_model_len,
             eos_token_ids=self.eos_token_ids,
         )
-        self._seqs[request_id] = seq
-        self.outputs.add_request(seq)
-        if params.structured_output is not None:
-            # Its matcher compiles in the background; the request is scheduled once it is ready.
+        if params.structured_output is None:
+            self._admit(seq, after)  # the scheduler refuses a request it could never serve
+        else:  # its matcher compiles in the background; the request is scheduled once it is ready
             self._compiling[request_id] = (seq, after)
             self.step_builder.prepare_grammar(request_id, params.structured_output)
-            return
-        self._admit(seq, after)
+        self._seqs[request_id] = seq
+        self.outputs.add_request(seq)
+
+    @functools.cached_property
+    def input_processor(self) -> InputProcessor:
+        """Checks raw requests; a structured output compiles only as the worker's matcher (or fails there)."""
+        return InputProcessor(self.model.vocab_size, self.tokenizer)
 
     def _admit(self, seq: Sequence, after: str | None) -> None:
         """Hand ``seq`` to the scheduler, or hold it until its parent (``after``) has a token."""
@@ -205,23 +204,6 @@ class LLMEngine:
         """Queue the requests that waited for ``parent_id``'s prefill (it has a token, finished or left)."""
         for seq in self._held.pop(parent_id, ()):
             self.scheduler.add_sequence(seq)
-
-    def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this model has no tokenizer: pass prompt token ids instead of text")
-            token_ids = self.tokenizer.encode(prompt)
-        else:
-            token_ids = list(prompt)
-            vocab = self.model.vocab_size
-            bad = [
-                t for t in token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab
-            ]
-            if bad:
-                raise ValueError(f"prompt token ids must be integers in [0, {vocab}), got {bad[:5]}")
-        if not token_ids:
-            raise ValueError("prompt is empty")
-        return token_ids
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request wherever it is (also while in flight); its KV blocks are freed. Unknown ids

@@ -10,11 +10,12 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from sarathi.config import DEFAULT_TOKEN_BUDGET, EngineConfig, engine_config
+from sarathi.engine.input_processor import EngineRequest, InputProcessor, InvalidRequestError
 from sarathi.entrypoints.build import build_engine
 from sarathi.outputs import RequestOutput
 from sarathi.parallel_sampling import best_indices, child_params, cumulative_logprob
 from sarathi.sampling_params import SamplingParams
-from sarathi.structured_output import StructuredOutputLimits, check_bounds, check_compiles, llg_tokenizer
+from sarathi.structured_output import StructuredOutput, StructuredOutputLimits, check_compiles, llg_tokenizer
 from sarathi.tokenizer import Tokenizer
 
 Prompt = str | list[int]
@@ -51,6 +52,7 @@ class LLM:
         self.structured_output_limits = StructuredOutputLimits()
         self._ids = itertools.count()
         self._llg_tokenizer = None
+        self._compiled: set[StructuredOutput] = set()
 
     def shutdown(self) -> None:
         """Stop the engine's worker processes (if any); the LLM cannot generate afterwards."""
@@ -75,7 +77,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate for every prompt (text or token ids); outputs come back in prompt order.
 
-        If any prompt is invalid, nothing runs and ValueError names the prompt's index and the problem.
+        If any prompt is invalid, nothing runs and InvalidRequestError (a ValueError) names the prompt's
+        index and the problem.
         """
         if isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
@@ -88,7 +91,6 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
-        self._check_constraints(params)
         groups = self._add_all(prompts, params)
         finished = self._run([rid for group in groups for rid in group], use_tqdm)
         return [_choose(p, [finished[rid] for rid in group]) for p, group in zip(params, groups, strict=True)]
@@ -106,25 +108,28 @@ class LLM:
         prompts = [tokenizer.apply_chat_template(c, add_generation_prompt) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def _check_constraints(self, params: list[SamplingParams]) -> None:
-        """Each distinct structured output within bounds and compiling (ValueError naming the problem)."""
-        seen = set()
-        for p in params:
-            if (constraint := p.structured_output) is None or constraint in seen:
-                continue
-            seen.add(constraint)
-            check_bounds(constraint, self.structured_output_limits)
-            if self.engine.model.tokenizer_dir is None:
-                raise ValueError("structured_output: needs a tokenizer; this model has none")
+    @property
+    def input_processor(self) -> InputProcessor:
+        """Checks each prompt and its params before the engine sees them; a structured output is held to
+        ``structured_output_limits`` and compiled here (once per distinct constraint), so a bad one raises
+        instead of failing its request in the worker."""
+        e = self.engine
+        return InputProcessor(e.model.vocab_size, e.tokenizer, self.structured_output_limits, self._compile)
+
+    def _compile(self, constraint: StructuredOutput) -> None:
+        if constraint not in self._compiled:
             if self._llg_tokenizer is None:
                 e = self.engine
                 self._llg_tokenizer = llg_tokenizer(
                     e.model.tokenizer_dir, e.model.vocab_size, e.eos_token_ids
                 )
             check_compiles(self._llg_tokenizer, constraint)
+            self._compiled.add(constraint)
 
     def _add_all(self, prompts: list[Prompt], params: list[SamplingParams]) -> list[list[str]]:
-        """Add every prompt's sequences (``best_of`` or ``n`` of them); the request ids per prompt."""
+        """Check every prompt and add its sequences (``best_of`` or ``n`` of them); the request ids per
+        prompt. If one is refused, none runs: InvalidRequestError names the prompt's index."""
+        processor = self.input_processor
         added: list[str] = []
         groups = []
         for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
@@ -132,13 +137,15 @@ class LLM:
             children = child_params(p) if p.num_sequences > 1 else [p]
             ids = [request_id] if len(children) == 1 else [f"{request_id}-{j}" for j in range(len(children))]
             try:
+                token_ids = processor.prompt_token_ids(prompt)
+                processor.check_params(p)
                 for j, (rid, child) in enumerate(zip(ids, children, strict=True)):
-                    self.engine.add_request(rid, prompt, child, after=ids[0] if j else None)
+                    self.engine.add_request(rid, EngineRequest(token_ids, child), after=ids[0] if j else None)
                     added.append(rid)
-            except ValueError as e:
+            except InvalidRequestError as e:
                 for rid in added:
                     self.engine.abort_request(rid)
-                raise ValueError(f"prompt {i}: {e}") from e
+                raise InvalidRequestError(f"prompt {i}: {e}", e.param, e.code) from e
             groups.append(ids)
         return groups
 

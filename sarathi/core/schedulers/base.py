@@ -22,6 +22,7 @@ from sarathi.core.batch import Batch
 from sarathi.core.block_hash import BlockHash, update_block_hashes
 from sarathi.core.block_manager import BlockManager
 from sarathi.core.sequence import Sequence, SequenceStatus
+from sarathi.sampling_params import InvalidRequestError
 
 
 class BudgetController(Protocol):
@@ -103,25 +104,28 @@ class Scheduler(ABC):
 
     # --- requests ----------------------------------------------------------------------------------------
     def check_request(self, seq: Sequence) -> None:
-        """Raise ValueError if ``seq`` could never be served by this scheduler."""
+        """InvalidRequestError (naming the prompt) if ``seq`` could never be served by this scheduler."""
         if seq.num_prompt_tokens > self.max_model_len:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"request {seq.seq_id!r}: prompt has {seq.num_prompt_tokens} tokens, "
-                f"more than max_model_len={self.max_model_len}"
+                f"more than max_model_len={self.max_model_len}",
+                "prompt",
             )
         need = seq.max_num_tokens
         bm = self.block_manager
         if not bm.fits_in_empty_cache(need):
-            raise ValueError(
+            raise InvalidRequestError(
                 f"request {seq.seq_id!r}: {need} tokens (prompt + max_tokens) need "
                 f"{bm.blocks_needed(need)} KV blocks, but the cache can admit at most "
-                f"{bm.num_blocks - bm.watermark_blocks} blocks of {bm.block_size} tokens"
+                f"{bm.num_blocks - bm.watermark_blocks} blocks of {bm.block_size} tokens",
+                "prompt",
             )
         if not self.chunked_prefills and need > self.max_num_batched_tokens:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"request {seq.seq_id!r}: {need} tokens (prompt + max_tokens) exceed "
                 f"max_num_batched_tokens={self.max_num_batched_tokens}; the {self.config.name!r} scheduler "
-                "runs a whole prompt (or a recompute of prompt + outputs) in one batch"
+                "runs a whole prompt (or a recompute of prompt + outputs) in one batch",
+                "prompt",
             )
 
     def add_sequence(self, seq: Sequence) -> None:

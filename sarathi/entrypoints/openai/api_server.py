@@ -40,7 +40,7 @@ from sarathi.entrypoints.openai.engine_requests import (
     sse,
     submit,
 )
-from sarathi.entrypoints.openai.errors import APIError
+from sarathi.entrypoints.openai.errors import APIError, invalid_request
 from sarathi.entrypoints.openai.guards import AccessPolicy, install_access_policy
 from sarathi.entrypoints.openai.json_pieces import PiecewiseJSONResponse, sse_in_pieces
 from sarathi.entrypoints.openai.openapi_docs import document_request_bodies
@@ -61,10 +61,11 @@ from sarathi.entrypoints.openai.response_formats import (
 from sarathi.entrypoints.openai.responses_api import add_responses_routes
 from sarathi.entrypoints.openai.responses_protocol import ResponsesRequest
 from sarathi.entrypoints.openai.server_state import ServerState
-from sarathi.entrypoints.openai.structured_requests import bounded, check_constraints
+from sarathi.entrypoints.openai.structured_requests import check_constraints
 from sarathi.entrypoints.openai.tokenize_api import DetokenizeRequest, TokenizeRequest, add_tokenize_routes
 from sarathi.entrypoints.openai.tool_calls import plan_tools
 from sarathi.entrypoints.openai.work_bounds import check_jobs_fit, num_batch_prompts
+from sarathi.sampling_params import InvalidRequestError
 
 __all__ = ["ServerState", "create_app"]
 
@@ -106,6 +107,10 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(InvalidRequestError)  # the input processor's and SamplingParams' refusals
+    async def _invalid_request(raw: Request, e: InvalidRequestError) -> JSONResponse:
+        return await _api_error(raw, invalid_request(e))
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, e: Exception) -> JSONResponse:
@@ -195,7 +200,7 @@ def create_app(state: ServerState, policy: AccessPolicy | None = None) -> FastAP
             parallel=req.parallel_tool_calls is not False,
         )
         if tools is not None:  # each enforced tool's schema alone first, so that an error names its tool
-            schemas = [bounded(c, state.constraint_limits) for c in tools.parameter_constraints()]
+            schemas = [state.processor.check_constraint(c) for c in tools.parameter_constraints()]
             await check_constraints(state.constraints, schemas)
         prompt_ids = await encode_chat(state, req.messages, req.add_generation_prompt, tools=tools)
         params = sampling_params_for(state, req, len(prompt_ids), req.requested_max_tokens, "messages", tools)

@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 
 from sarathi.engine.core_client import EngineDeadError, RequestRejectedError, RequestStream
+from sarathi.engine.core_messages import RejectReason
+from sarathi.engine.input_processor import EngineRequest
 from sarathi.entrypoints.openai.choices import ChoiceResult
 from sarathi.entrypoints.openai.errors import APIError
 from sarathi.entrypoints.openai.server_state import ServerState
@@ -25,20 +27,24 @@ async def submit(
     state: ServerState, request_id: str, prompt_ids: list[int], params: SamplingParams, after: str | None
 ) -> RequestStream:
     """Hand a request to the engine core; its rejection as the matching APIError (400, 429, 500, 503).
-    A structured output is compiled first, in the constraint checker's helper process."""
+    A structured output is compiled first, in the constraint checker's helper process (crash isolation);
+    the sampling worker builds its matcher again, unavoidably: the matcher lives in the worker's process."""
     if params.structured_output is not None:
         await check_constraints(state.constraints, [params.structured_output])
     try:
-        return await state.client.add_request(request_id, prompt_ids, params, time.monotonic(), after)
+        return await state.client.add_request(
+            request_id, EngineRequest(prompt_ids, params), time.monotonic(), after
+        )
     except RequestRejectedError as e:
         state.metrics.observe_request_end("rejected", 0)
-        if e.overloaded:
+        r = e.rejection
+        if r.reason is RejectReason.OVERLOADED:
             raise APIError(
-                str(e), 429, type="rate_limit_error", code="overloaded", headers={"Retry-After": "1"}
+                r.message, 429, type="rate_limit_error", code="overloaded", headers={"Retry-After": "1"}
             ) from e
-        if e.internal:
-            raise internal_error(str(e)) from e
-        raise APIError(str(e), param=_param_of(str(e))) from e
+        if r.reason is RejectReason.INTERNAL:
+            raise internal_error(r.message) from e
+        raise APIError(r.message, param=r.param, code=r.code) from e
     except EngineDeadError as e:
         raise engine_dead(e) from e
 
@@ -111,14 +117,6 @@ def internal_error(message: str) -> APIError:
 def engine_dead(e: EngineDeadError) -> APIError:
     """A 503: the engine core is gone."""
     return APIError(str(e), 503, type="server_error", code="engine_dead")
-
-
-def _param_of(message: str) -> str | None:
-    """The request field an engine rejection message names, if any."""
-    for param in ("stop_token_ids", "prompt"):
-        if param in message:
-            return param
-    return None
 
 
 def sse(payload: dict) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
+from sarathi.sampling_params import InvalidRequestError
+
 
 class APIError(Exception):
     """An error answered as ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
@@ -23,6 +25,11 @@ class APIError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def invalid_request(e: InvalidRequestError, param: str | None = None) -> APIError:
+    """A 400 for a request the input processor or SamplingParams refused (``param`` overrides its field)."""
+    return APIError(e.message, param=param or e.param, code=e.code)
 
 
 def validation_error(e: ValidationError) -> APIError:

@@ -12,10 +12,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from sarathi.entrypoints.openai.errors import APIError
-from sarathi.sampling_params import MAX_CHOICES, SamplingParams
+from sarathi.sampling_params import SamplingParams
 
 MAX_BATCH_PROMPTS = 256  # prompts in one /v1/completions request
-NonNegInt = Annotated[int, Field(ge=0)]
 # Token ids: JSON booleans are not integers here (pydantic's lax mode would read true as 1).
 TokenId = Annotated[StrictInt, Field(ge=0)]
 
@@ -32,24 +31,25 @@ class StreamOptions(BaseModel):
 
 
 class _SamplingRequest(BaseModel):
-    """Fields shared by completions and chat completions."""
+    """Fields shared by completions and chat completions. Their ranges are ``SamplingParams``' to check
+    (its InvalidRequestError names the field); only what the API adds is bounded here."""
 
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None
+    temperature: Annotated[float, Field(le=2.0)] | None = None  # OpenAI's bound; >= 0 is SamplingParams'
+    top_p: float | None = None
+    top_k: int | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[TokenId] | None = None
-    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
-    best_of: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
-    prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    stop_token_ids: list[StrictInt] | None = None
+    n: int = 1
+    best_of: int | None = None
+    prompt_logprobs: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
-    min_tokens: NonNegInt = 0
+    min_tokens: int = 0
     include_stop_str_in_output: bool = False
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -69,8 +69,6 @@ class _SamplingRequest(BaseModel):
         """Raise APIError for options this server does not implement (default values pass)."""
         if self.stream_options is not None and not self.stream:
             _unsupported("stream_options", "only allowed when stream is true")
-        if self.best_of is not None and self.best_of < self.n:
-            raise APIError(f"best_of: must be >= n ({self.n}), got {self.best_of}", param="best_of")
         if self.stream and self.best_of is not None and self.best_of > self.n:
             _unsupported("best_of", "best_of > n cannot be streamed (the best choices are known at the end)")
 
@@ -126,7 +124,7 @@ class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     max_tokens: int | None = 16
     echo: bool = False
-    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    logprobs: int | None = None
     suffix: str | None = None
 
     def num_logprobs(self) -> int | None:
@@ -141,10 +139,8 @@ class CompletionRequest(_SamplingRequest):
     def prompts(self) -> list[str | list[int]]:
         """The prompts of this request: one text or token-id list, or a batch of them (one choice each)."""
         p = self.prompt
-        if isinstance(p, str) or (p and not isinstance(p[0], str | list)):
-            return [p]
-        if not p:
-            raise APIError("prompt: the prompt is empty", param="prompt", code="empty_prompt")
+        if isinstance(p, str) or not p or not isinstance(p[0], str | list):
+            return [p]  # (an empty one is the input processor's to refuse)
         per_prompt = max(self.n, self.best_of or 1)
         if len(p) * per_prompt > MAX_BATCH_PROMPTS:
             raise APIError(
@@ -192,7 +188,7 @@ class ChatCompletionRequest(_SamplingRequest):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: int | None = None
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None

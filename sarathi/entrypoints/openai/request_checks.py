@@ -12,14 +12,14 @@ from typing import Any
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from sarathi.entrypoints.openai.errors import APIError, validation_error
+from sarathi.entrypoints.openai.errors import APIError, invalid_request, validation_error
 from sarathi.entrypoints.openai.guards import read_body
 from sarathi.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
 from sarathi.entrypoints.openai.refusals import Refusal, check_refusals
 from sarathi.entrypoints.openai.server_state import ServerState
-from sarathi.entrypoints.openai.structured_requests import bounded, structured_output_of
+from sarathi.entrypoints.openai.structured_requests import structured_output_of
 from sarathi.entrypoints.openai.tool_calls import ToolPlan, conversation, with_tool_prompt
-from sarathi.sampling_params import SamplingParams
+from sarathi.sampling_params import InvalidRequestError, SamplingParams
 
 
 async def parse_request(
@@ -69,25 +69,11 @@ def check_model(state: ServerState, name: str | None) -> None:
 
 
 async def encode_prompt(state: ServerState, prompt: str | list[int]) -> list[int]:
-    if isinstance(prompt, str):
-        if state.tokenizer is None:
-            raise APIError("this model has no tokenizer: send the prompt as token ids", param="prompt")
+    if isinstance(prompt, str) and prompt:
         state.limits.check_prompt_chars(len(prompt), state.max_model_len, "prompt")
         # Off the event loop: a long prompt must not stall /health and every open stream.
-        ids = await asyncio.to_thread(state.tokenizer.encode, prompt) if prompt else []
-    else:
-        vocab = state.client.ready.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise APIError(
-                f"prompt: token ids must be in [0, {vocab}), got {bad[:5]}",
-                param="prompt",
-                code="invalid_token_id",
-            )
-        ids = list(prompt)
-    if not ids:
-        raise APIError("prompt: the prompt is empty", param="prompt", code="empty_prompt")
-    return ids
+        return await asyncio.to_thread(state.processor.prompt_token_ids, prompt)
+    return state.processor.prompt_token_ids(prompt)
 
 
 async def encode_chat(
@@ -131,8 +117,6 @@ def sampling_params_for(
         )
     if max_tokens is None:
         max_tokens = room
-    elif max_tokens < 1:
-        raise APIError(f"max_tokens: must be at least 1, got {max_tokens}", param="max_tokens")
     elif max_tokens > room:
         raise APIError(
             f"max_tokens: {max_tokens} output tokens were requested, but the prompt has {num_prompt_tokens} "
@@ -144,32 +128,20 @@ def sampling_params_for(
     state.limits.check_stop(req.stop_strings())
     logprobs_param = "top_logprobs" if isinstance(req, ChatCompletionRequest) else "logprobs"
     state.limits.check_logprobs(req.num_logprobs(), logprobs_param)
-    try:
-        params = req.sampling_params(max_tokens)
-    except ValueError as e:
-        param = str(e).split(" ", 1)[0]
-        raise APIError(str(e), param=param if param.isidentifier() else None) from e
-    vocab = state.client.ready.vocab_size
-    if bad := [t for t in params.stop_token_ids if t >= vocab]:
-        raise APIError(
-            f"stop_token_ids: token ids must be in [0, {vocab}), got {bad[:5]}", param="stop_token_ids"
-        )
-    if bad := [t for t, _ in params.logit_bias if t >= vocab]:
-        raise APIError(f"logit_bias: token ids must be in [0, {vocab}), got {bad[:5]}", param="logit_bias")
-    constraint = structured_output_of(req, state.constraint_limits)
+    constraint = structured_output_of(req)
     if tools is not None and (tool_constraint := tools.constraint()) is not None:
-        tool_constraint = dataclasses.replace(tool_constraint, source="tools")
-        bounded(tool_constraint, state.constraint_limits)
         if constraint is not None:
             raise APIError(
                 "tool_choice: 'required' or a named function cannot be combined with a structured output",
                 param="tool_choice",
             )
-        constraint = tool_constraint
-    if tools is not None and tools.stop_strings():
-        params = dataclasses.replace(params, stop=(*params.stop, *tools.stop_strings()))
-    if constraint is not None:
-        if state.tokenizer is None:
-            raise APIError("this model has no tokenizer; structured outputs need one", code="unsupported")
-        params = dataclasses.replace(params, structured_output=constraint)
-    return params
+        constraint = dataclasses.replace(tool_constraint, source="tools")
+    try:  # SamplingParams checks the ranges, the input processor the token ids and the constraint's bounds
+        params = req.sampling_params(max_tokens)
+        if tools is not None and tools.stop_strings():
+            params = dataclasses.replace(params, stop=(*params.stop, *tools.stop_strings()))
+        if constraint is not None:
+            params = dataclasses.replace(params, structured_output=constraint)
+        return state.processor.check_params(params)
+    except InvalidRequestError as e:
+        raise invalid_request(e, logprobs_param if e.param == "logprobs" else None) from None

@@ -18,6 +18,7 @@ from pydantic import PrivateAttr
 
 from sarathi.entrypoints.openai.errors import APIError
 from sarathi.entrypoints.openai.protocol import ChatMessage, _SamplingRequest
+from sarathi.sampling_params import InvalidRequestError
 
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -234,10 +235,10 @@ _RENAMES = (
 
 @contextlib.contextmanager
 def responses_param_names() -> Iterator[None]:
-    """Re-raise an APIError of the shared chat checks with the Responses API's field name."""
+    """Re-raise an error of the shared chat checks with the Responses API's field name."""
     try:
         yield
-    except APIError as e:
+    except (APIError, InvalidRequestError) as e:
         if e.param:
             for pattern, name in _RENAMES:
                 renamed = pattern.sub(name, e.param, count=1)

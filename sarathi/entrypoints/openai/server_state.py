@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from sarathi.engine.core_client import EngineCoreClient
+from sarathi.engine.input_processor import InputProcessor
 from sarathi.entrypoints.openai.constraint_checker import ConstraintChecker
 from sarathi.entrypoints.openai.guards import RequestLimits
 from sarathi.entrypoints.openai.server_metrics import ServerMetrics
@@ -27,6 +28,11 @@ class ServerState:
     constraints: ConstraintChecker | None = None  # compiles structured outputs (None: model has no tokenizer)
     tool_call_parser: str | None = "hermes"  # chosen from the chat template, or --tool-call-parser
     enable_auto_tool_choice: bool = True  # --no-enable-auto-tool-choice turns tool_choice "auto" off
+
+    @property
+    def processor(self) -> InputProcessor:
+        """Checks requests for the engine core; structured outputs are compiled by ``constraints``."""
+        return InputProcessor(self.client.ready.vocab_size, self.tokenizer, self.constraint_limits)
 
     @property
     def max_model_len(self) -> int:

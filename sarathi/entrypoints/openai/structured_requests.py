@@ -1,7 +1,7 @@
 """A request's structured-output fields (OpenAI's ``response_format``, vLLM's ``guided_*`` and
-``structured_outputs``) as one ``StructuredOutput``, held to the server's bounds here and compiled in the
-constraint checker's helper process (``check_constraints``), so that a bad one is a 400 naming the field
-before the engine ever sees it."""
+``structured_outputs``) as one ``StructuredOutput``, held to the server's bounds by the input processor and
+compiled in the constraint checker's helper process (``check_constraints``), so that a bad one is a 400
+naming the field before the engine ever sees it."""
 
 from __future__ import annotations
 
@@ -10,23 +10,22 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from sarathi.engine.input_processor import constraint_refused
 from sarathi.entrypoints.openai.constraint_checker import ConstraintChecker
 from sarathi.entrypoints.openai.errors import APIError
 from sarathi.structured_output import (
     ANY_JSON_OBJECT,
     ConstraintError,
     StructuredOutput,
-    StructuredOutputLimits,
-    check_bounds,
 )
 
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 _SO_KEYS = {"json": "json", "regex": "regex", "choice": "choice", "grammar": "grammar"}
 
 
-def structured_output_of(req: Any, limits: StructuredOutputLimits) -> StructuredOutput | None:
+def structured_output_of(req: Any) -> StructuredOutput | None:
     """The one constraint ``req`` asks for (None: free text); APIError naming the field if it asks for
-    several, or for one that is malformed or over ``limits``. Whether it compiles is
+    several, or for one that is malformed. Its bounds are the input processor's; whether it compiles is
     ``check_constraints``'."""
     found: list[tuple[str, StructuredOutput]] = []
     for name in GUIDED_FIELDS:
@@ -45,36 +44,21 @@ def structured_output_of(req: Any, limits: StructuredOutputLimits) -> Structured
     if not found:
         return None
     param, constraint = found[0]
-    return bounded(dataclasses.replace(constraint, source=param), limits)
-
-
-def bounded(constraint: StructuredOutput, limits: StructuredOutputLimits) -> StructuredOutput:
-    """``constraint`` if it is within ``limits``; else the APIError naming its field."""
-    try:
-        check_bounds(constraint, limits)
-    except ConstraintError as e:
-        raise _invalid(constraint, e) from None
-    return constraint
+    return dataclasses.replace(constraint, source=param)
 
 
 async def check_constraints(
     checker: ConstraintChecker | None, constraints: Iterable[StructuredOutput]
 ) -> None:
-    """Compile each distinct constraint in the checker's helper process; APIError naming the field of
-    the first that fails. Never blocks the event loop."""
+    """Compile each distinct constraint in the checker's helper process; InvalidRequestError naming the
+    field of the first that fails. Never blocks the event loop."""
     if checker is None:
         return
     for constraint in dict.fromkeys(constraints):
         try:
             await checker.check(constraint)
         except ConstraintError as e:
-            raise _invalid(constraint, e) from None
-
-
-def _invalid(constraint: StructuredOutput, error: ConstraintError) -> APIError:
-    param = constraint.source or None
-    prefix = f"{param}: " if param else ""
-    return APIError(f"{prefix}{error}", param=param, code="invalid_structured_output")
+            raise constraint_refused(constraint, e) from None
 
 
 def _guided(param: str, kind: str, value: Any) -> StructuredOutput:
