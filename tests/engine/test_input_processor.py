@@ -115,7 +115,7 @@ class _Engine:
     """What EngineCore._handle touches: the waiting count and add_request (refusing too long prompts)."""
 
     def __init__(self, num_waiting: int = 0) -> None:
-        self.scheduler = type("S", (), {"num_waiting": num_waiting})()
+        self.num_waiting = num_waiting
 
     def add_request(self, request_id, request, arrival_time, after):
         if len(request.prompt_token_ids) > 3:
