@@ -8,7 +8,7 @@ running batch, so requests wait long to be scheduled; sarathi chunks prompts und
 keeps decodes going. Prints the table and writes summary.json, CSVs and plots to ``--output-dir``.
 
 Everything is calibrated to the machine from its latency profile (measured once, about a minute and a
-half on 2 cores, then cached; see ``sarathi/simulator/demo_plan.py``): the SLO is the paper's strict one
+half on 2 cores, then cached; see ``benchmarks/demo_plan.py``): the SLO is the paper's strict one
 (5x this machine's one-sequence decode iteration), the token budget is what ``--token-budget auto``
 chooses for it on the demo's requests, and the load is the lowest fraction of sarathi's simulated capacity
 with that budget at which prompts really overlap decodes (a prefill-first scheduler's simulated P99 TBT
@@ -24,8 +24,8 @@ import argparse
 import dataclasses
 import sys
 
+from benchmarks.demo_plan import SCHEDULERS, DemoSettings
 from sarathi.entrypoints.cli import main as sarathi_main
-from sarathi.simulator.demo_plan import SCHEDULERS, DemoSettings
 
 
 def main() -> int:
@@ -104,6 +104,7 @@ def main() -> int:
 def calibrate(settings: DemoSettings, token_budget: int | None):
     """The demo's plan on this machine (its profile is measured once if there is none), printed with the
     simulator's prediction of the four schedulers."""
+    from benchmarks.demo_plan import DEMO_SEARCH, plan_from_choice, simulate_demo
     from sarathi.simulator.auto_budget import (
         auto_budget_choice,
         choose_token_budget,
@@ -111,7 +112,6 @@ def calibrate(settings: DemoSettings, token_budget: int | None):
         machine_label,
         profile_error_label,
     )
-    from sarathi.simulator.demo_plan import DEMO_SEARCH, plan_from_choice, simulate_demo
     from sarathi.simulator.machine_profile import machine_latency_model, machine_profile_path
 
     config = settings.engine_config()

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Literal, TypeVar
 
+from sarathi.config import knob
+
 Kind = Literal["json", "regex", "choice", "grammar"]
 KINDS: tuple[str, ...] = ("json", "regex", "choice", "grammar")
 
@@ -104,15 +106,22 @@ class StructuredOutputLimits:
     compile well under a second on a 2-core CPU (a chain of 5,000 grammar rules overflows llguidance's stack;
     100,000 choices take a minute to compile)."""
 
-    max_grammar_chars: int = 65_536
-    max_grammar_rules: int = 1_000
-    max_schema_chars: int = 65_536
-    max_schema_depth: int = 32
-    max_choices: int = 1_024
-    max_choice_chars: int = 1_024
-    max_regex_chars: int = 4_096
-    max_nesting: int = 64  # brackets inside a regex or grammar
-    compile_timeout_s: float = 10.0
+    max_grammar_chars: int = knob(65_536, "characters of a guided grammar (Lark or GBNF)", type=int)
+    max_grammar_rules: int = knob(1_000, "rule definitions in a guided grammar", type=int)
+    max_schema_chars: int = knob(
+        65_536, "characters of a JSON schema (response_format, guided_json, tools)", type=int
+    )
+    max_schema_depth: int = knob(32, "nesting depth of a JSON schema", type=int)
+    max_choices: int = knob(1_024, "strings in a guided_choice", type=int)
+    max_choice_chars: int = knob(1_024, "characters of one guided_choice string", type=int)
+    max_regex_chars: int = knob(4_096, "characters of a guided regex", type=int)
+    max_nesting: int = knob(64, "brackets nested inside a guided regex or grammar", type=int)
+    compile_timeout_s: float = knob(
+        10.0,
+        "seconds a constraint may take to compile (in a helper process)",
+        flags=("--structured-output-compile-timeout",),
+        type=float,
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

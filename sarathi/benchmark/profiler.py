@@ -196,11 +196,6 @@ def summarize(point: GridPoint, seconds: Sequence[float]) -> ProfileResult:
     )
 
 
-def profile_point(engine: LLMEngine, point: GridPoint, repeats: int = 5, warmup: int = 1) -> ProfileResult:
-    """Time ``point`` ``repeats`` times in a row and summarize it."""
-    return summarize(point, time_point(engine, point, repeats, warmup))
-
-
 def profile_grid(
     engine: LLMEngine,
     points: Sequence[GridPoint],

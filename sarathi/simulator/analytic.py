@@ -31,7 +31,7 @@ from pathlib import Path
 
 from sarathi.core.batch_shape import BatchShape
 from sarathi.core.latency_model import LatencyModel
-from sarathi.simulator.hardware import Hardware, Link, get_hardware
+from sarathi.simulator.hardware import Hardware, Link
 from sarathi.simulator.model_spec import ModelSpec
 
 CALIBRATION_PATH = Path(__file__).parent / "data" / "analytic_calibration.json"
@@ -167,24 +167,6 @@ class AnalyticLatencyModel(LatencyModel):
         self._all_reduces = 1 if spec.parallel_attention else 2
         self._tp_links = [hardware.tensor_parallel_link(tp, stage) for stage in range(pp)]
         self._pp_links = [hardware.pipeline_link(tp, stage) for stage in range(pp - 1)]
-
-    @classmethod
-    def from_names(
-        cls,
-        model: str,
-        hardware: str,
-        tensor_parallel_size: int = 1,
-        pipeline_parallel_size: int = 1,
-        calibration: Calibration | None = None,
-    ) -> AnalyticLatencyModel:
-        """From a model spec name or path (``ModelSpec.load``) and a hardware preset name."""
-        return cls(
-            ModelSpec.load(model),
-            get_hardware(hardware),
-            tensor_parallel_size,
-            pipeline_parallel_size,
-            calibration,
-        )
 
     def with_calibration(self, calibration: Calibration) -> AnalyticLatencyModel:
         """The same setup with another calibration."""

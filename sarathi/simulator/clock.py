@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 
 class SimulatedClock:
     """Simulated seconds: ``now`` returns the current time; ``advance_to`` moves it forward (never back)."""
@@ -20,8 +18,3 @@ class SimulatedClock:
     def advance_to(self, t: float) -> None:
         if t > self._now:
             self._now = float(t)
-
-
-def wall_clock() -> float:
-    """The engine's default clock (``time.monotonic``)."""
-    return time.monotonic()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sarathi.simulator.demo_plan import DemoSettings, plan_demo, predicted_wall_seconds, simulate_demo
+from benchmarks.demo_plan import DemoSettings, plan_demo, predicted_wall_seconds, simulate_demo
 from sarathi.simulator.machine_profile import predicted_profile_seconds
 from sarathi.simulator.measured import MeasuredLatencyModel
 

@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 
+from sarathi.config import knob
 from sarathi.entrypoints.openai.errors import APIError
 from sarathi.entrypoints.openai.work_bounds import WorkLimits
 
@@ -29,11 +30,15 @@ _GUARDED_PATHS = ("/tokenize", "/detokenize", "/server_info")
 class RequestLimits(WorkLimits):
     """Bounds on one request; ``max_prompt_chars`` None means ``PROMPT_CHARS_PER_TOKEN`` x max_model_len."""
 
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_prompt_chars: int | None = None
-    max_stop_strings: int = DEFAULT_MAX_STOP_STRINGS
-    max_stop_string_chars: int = DEFAULT_MAX_STOP_STRING_CHARS
-    max_logprobs: int = MAX_LOGPROBS
+    max_body_bytes: int = knob(DEFAULT_MAX_BODY_BYTES, "bytes of a request body", type=int)
+    max_prompt_chars: int | None = knob(
+        None,
+        f"prompt characters accepted before tokenizing (default {PROMPT_CHARS_PER_TOKEN} x context)",
+        type=int,
+    )
+    max_stop_strings: int = knob(DEFAULT_MAX_STOP_STRINGS, "stop strings of a request", type=int)
+    max_stop_string_chars: int = knob(DEFAULT_MAX_STOP_STRING_CHARS, "characters of a stop string", type=int)
+    max_logprobs: int = knob(MAX_LOGPROBS, "alternatives per token a request may ask for", type=int)
 
     def __post_init__(self) -> None:
         super().__post_init__()

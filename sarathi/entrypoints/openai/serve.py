@@ -9,33 +9,11 @@ import json
 import os
 import sys
 import time
-from dataclasses import fields
 
-from sarathi.entrypoints.args import add_engine_args, engine_config_from_args
-from sarathi.entrypoints.openai.guards import (
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_STOP_STRING_CHARS,
-    DEFAULT_MAX_STOP_STRINGS,
-    MAX_LOGPROBS,
-    PROMPT_CHARS_PER_TOKEN,
-    AccessPolicy,
-    RequestLimits,
-)
+from sarathi.entrypoints.args import add_config_args, add_engine_args, config_args, engine_config_from_args
+from sarathi.entrypoints.openai.guards import AccessPolicy, RequestLimits
 from sarathi.entrypoints.openai.tool_calls import TOOL_CALL_PARSERS, choose_tool_parser
-from sarathi.entrypoints.openai.work_bounds import DEFAULT_MAX_BATCH_PROMPTS, DEFAULT_MAX_N
 from sarathi.structured_output import StructuredOutputLimits
-
-_CONSTRAINT_FLAG_HELP = {
-    "max_grammar_chars": "characters of a guided grammar (Lark or GBNF)",
-    "max_grammar_rules": "rule definitions in a guided grammar",
-    "max_schema_chars": "characters of a JSON schema (response_format, guided_json, tools)",
-    "max_schema_depth": "nesting depth of a JSON schema",
-    "max_choices": "strings in a guided_choice",
-    "max_choice_chars": "characters of one guided_choice string",
-    "max_regex_chars": "characters of a guided regex",
-    "max_nesting": "brackets nested inside a guided regex or grammar",
-    "compile_timeout_s": "seconds a constraint may take to compile (in a helper process)",
-}
 
 DEFAULT_PORT = 8000
 
@@ -76,35 +54,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     guard.add_argument(
         "--allowed-hosts", default=None, help="comma-separated Host header names accepted (default: any)"
     )
-    guard.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
-    guard.add_argument(
-        "--max-prompt-chars",
-        type=int,
-        default=None,
-        help=f"prompt characters accepted before tokenizing (default {PROMPT_CHARS_PER_TOKEN} x context)",
-    )
-    guard.add_argument("--max-stop-strings", type=int, default=DEFAULT_MAX_STOP_STRINGS)
-    guard.add_argument("--max-stop-string-chars", type=int, default=DEFAULT_MAX_STOP_STRING_CHARS)
-    guard.add_argument(
-        "--max-logprobs", type=int, default=MAX_LOGPROBS, help="alternatives per token a request may ask for"
-    )
-    guard.add_argument("--max-n", type=int, default=DEFAULT_MAX_N, help="n and best_of a request may ask for")
-    guard.add_argument(
-        "--max-batch-prompts", type=int, default=DEFAULT_MAX_BATCH_PROMPTS, help="prompts in one batch"
-    )
-    guard.add_argument(
-        "--max-detokenize-tokens", type=int, default=None, help="ids /detokenize takes (default: context)"
-    )
+    add_config_args(guard, RequestLimits)
     so = p.add_argument_group("structured outputs (bounds checked before compiling; over one: HTTP 400)")
-    defaults = StructuredOutputLimits()
-    for f in fields(StructuredOutputLimits):
-        so.add_argument(
-            _constraint_flag(f.name),
-            dest=f.name,
-            type=type(getattr(defaults, f.name)),
-            default=getattr(defaults, f.name),
-            help=f"{_CONSTRAINT_FLAG_HELP[f.name]} (default %(default)s)",
-        )
+    add_config_args(so, StructuredOutputLimits)
     tools = p.add_argument_group("tool calling")
     tools.add_argument(
         "--tool-call-parser",
@@ -126,12 +78,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _constraint_flag(field_name: str) -> str:
-    if field_name == "compile_timeout_s":
-        return "--structured-output-compile-timeout"
-    return "--" + field_name.replace("_", "-")
-
-
 def served_model_name(model: str | None, explicit: str | None) -> str:
     if explicit:
         return explicit
@@ -148,19 +94,8 @@ def run(args: argparse.Namespace) -> int:
         args.model = args.model_tag
     try:
         config = engine_config_from_args(args)
-        limits = RequestLimits(
-            max_body_bytes=args.max_body_bytes,
-            max_prompt_chars=args.max_prompt_chars,
-            max_stop_strings=args.max_stop_strings,
-            max_stop_string_chars=args.max_stop_string_chars,
-            max_logprobs=args.max_logprobs,
-            max_n=args.max_n,
-            max_batch_prompts=args.max_batch_prompts,
-            max_detokenize_tokens=args.max_detokenize_tokens,
-        )
-        constraint_limits = StructuredOutputLimits(
-            **{f.name: getattr(args, f.name) for f in fields(StructuredOutputLimits)}
-        )
+        limits = RequestLimits(**config_args(args, RequestLimits))
+        constraint_limits = StructuredOutputLimits(**config_args(args, StructuredOutputLimits))
         policy = AccessPolicy(
             api_key=args.api_key or None,
             allowed_origins=_csv(args.allowed_origins),

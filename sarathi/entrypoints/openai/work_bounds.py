@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sarathi.config import knob
 from sarathi.entrypoints.openai.choices import PromptJob
 from sarathi.entrypoints.openai.errors import APIError
 
@@ -19,9 +20,9 @@ DEFAULT_MAX_BATCH_PROMPTS = 64
 class WorkLimits:
     """Per-request caps; ``max_detokenize_tokens`` None means the model's context length."""
 
-    max_n: int = DEFAULT_MAX_N
-    max_batch_prompts: int = DEFAULT_MAX_BATCH_PROMPTS
-    max_detokenize_tokens: int | None = None
+    max_n: int = knob(DEFAULT_MAX_N, "n and best_of a request may ask for", type=int)
+    max_batch_prompts: int = knob(DEFAULT_MAX_BATCH_PROMPTS, "prompts in one batch", type=int)
+    max_detokenize_tokens: int | None = knob(None, "ids /detokenize takes (default: context)", type=int)
 
     def __post_init__(self) -> None:
         for name in ("max_n", "max_batch_prompts", "max_detokenize_tokens"):
