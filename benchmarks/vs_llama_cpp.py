@@ -28,6 +28,8 @@ TBT and TTFT CDFs at one shared load per workload.
 
     .venv/bin/python -m benchmarks.vs_llama_cpp --quick   # one workload, -b 64 and 2048, 3 probes per search
     .venv/bin/python -m benchmarks.vs_llama_cpp           # both workloads, all four -b, 6 probes per search
+    .venv/bin/python -m benchmarks.vs_llama_cpp --quick --model gemma3-270m   # Gemma 3 270M: its Q4_K_M
+                                                          # file requantized to BF16 vs our bf16 default
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from benchmarks.llama_cpp_build import (
     binary,
     build_info,
     ensure_bf16_gguf,
+    ensure_gguf,
     ensure_llama_cpp,
     llama_cpp_version,
 )
@@ -113,19 +116,34 @@ def llama_server_command(
     ]
 
 
-def sarathi_serve_command(port: int, token_budget: int, python: str = sys.executable) -> list[str]:
-    """``sarathi serve`` of the embedded model (bf16, its defaults) with ``token_budget``."""
-    return serve_command(port, "--token-budget", str(token_budget), python=python)
+def sarathi_serve_command(
+    port: int, token_budget: int, model: str | None = None, python: str = sys.executable
+) -> list[str]:
+    """``sarathi serve`` of ``model`` (default: the embedded one; bf16) with ``token_budget``."""
+    flags = ["--token-budget", str(token_budget), *(["--model", model] if model else [])]
+    return serve_command(port, *flags, python=python)
 
 
-def server_command(setting: ServerSetting, port: int, model_gguf: str | Path | None = None) -> list[str]:
+def server_command(
+    setting: ServerSetting, port: int, model_gguf: str | Path | None = None, model: str | None = None
+) -> list[str]:
     if setting.server == "llama.cpp":
         if model_gguf is None:
             raise ValueError("llama.cpp needs the BF16 GGUF")
         return llama_server_command(binary("llama-server"), model_gguf, port, setting.knob)
     if setting.server == "sarathi":
-        return sarathi_serve_command(port, setting.knob)
+        return sarathi_serve_command(port, setting.knob, model)
     raise ValueError(f"unknown server {setting.server!r}")
+
+
+def model_files(model: str | None) -> tuple[Path, str]:
+    """The BF16 GGUF llama.cpp serves and the converted folder sarathi reads (its tokenizer) for ``model``
+    (None: the embedded SmolLM2; or a packaged model's name such as gemma3-270m)."""
+    from sarathi.model.embedded import PACKAGED_MODELS, embedded_model_path, packaged_model_path
+
+    if model is None:
+        return ensure_bf16_gguf(), embedded_model_path()
+    return ensure_gguf("BF16", src=PACKAGED_MODELS[model].gguf_path()), packaged_model_path(model)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -329,7 +347,9 @@ def pow2_near(x: float) -> float:
 # sarathi's budget for an SLO (what ``sarathi tune`` picks on this workload)
 
 
-def tuned_budgets(trace: str, slos: Sequence[Slo], seed: int) -> tuple[dict[str, int], dict[str, dict]]:
+def tuned_budgets(
+    trace: str, slos: Sequence[Slo], seed: int, model: str | None = None
+) -> tuple[dict[str, int], dict[str, dict]]:
     """Per SLO: the budget with the highest simulated capacity on this machine's latency profile (the
     ``sarathi tune`` search over its default candidates), and every candidate's simulated capacity."""
     from sarathi.config import engine_config
@@ -337,14 +357,14 @@ def tuned_budgets(trace: str, slos: Sequence[Slo], seed: int) -> tuple[dict[str,
     from sarathi.simulator.machine_profile import machine_latency_model
     from sarathi.simulator.tune import DEFAULT_BUDGETS, tune_config
 
-    base = engine_config()
-    model = machine_latency_model(base)
+    base = engine_config(model)
+    latency = machine_latency_model(base)
     sim_workload = workload_config(trace, 1.0, 256, seed)
     budgets, sims = {}, {}
     for slo in slos:
         r = tune_config(
             simulation_config(base),
-            model,
+            latency,
             sim_workload,
             slo,
             DEFAULT_BUDGETS,
@@ -370,6 +390,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--retries", type=int, default=None, help="repeats of a disturbed probe (2; quick 1)")
     p.add_argument("--qps-start", type=float, default=None, help="default: power of 2 near sarathi's sim")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default=None, help="a packaged model, e.g. gemma3-270m (default: SmolLM2)")
     p.add_argument("--output-dir", default="vs_llama_cpp_results")
     p.add_argument("--no-save", action="store_true", help="do not write the JSON record")
     args = p.parse_args(argv)
@@ -399,19 +420,18 @@ def settings_for(batches: Sequence[int], default_budget: int, tuned: dict[str, i
 def main(argv: Sequence[str] | None = None) -> int:
     from sarathi.benchmark.workload import TokenSpace, generate_workload
     from sarathi.config import DEFAULT_TOKEN_BUDGET
-    from sarathi.model import embedded_model_path
 
     args = parse_args(argv)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     ensure_llama_cpp()
-    gguf = ensure_bf16_gguf()
-    allowed = TokenSpace.of_folder(embedded_model_path()).allowed()
+    gguf, folder = model_files(args.model)
+    allowed = TokenSpace.of_folder(folder).allowed()
     all_results: list[SettingResult] = []
     comparison: dict[str, dict] = {}
     for trace in args.workloads:
-        tuned, sims = tuned_budgets(trace, SLOS, args.seed)
+        tuned, sims = tuned_budgets(trace, SLOS, args.seed, args.model)
         qps_start = args.qps_start or pow2_near(sims[SLOS[-1].label].get(str(DEFAULT_TOKEN_BUDGET), 1.0))
         search = SearchSettings(
             qps_start=qps_start, qps_min=0.05, qps_max=64.0, rel_tol=0.1, max_probes=args.max_probes
@@ -420,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = []
         for setting in settings_for(args.batches, DEFAULT_TOKEN_BUDGET, tuned):
             port = free_port()
-            cmd = server_command(setting, port, gguf)
+            cmd = server_command(setting, port, gguf, args.model)
             shown = " ".join([Path(cmd[0]).name, *cmd[1:]])
             print(f"-- {setting.label}: {shown}", flush=True)
             result = SettingResult(setting, trace)
