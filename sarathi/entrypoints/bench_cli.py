@@ -17,7 +17,6 @@ from pathlib import Path
 from sarathi.benchmark.bench import (
     BenchConfig,
     BenchRun,
-    bench_configs,
     format_table,
     run_one_in_process,
     summary_entry,
@@ -36,8 +35,7 @@ from sarathi.entrypoints.build import build_engine
 from sarathi.entrypoints.workload_args import (
     add_comparison_parser,
     add_workload_args,
-    engine_config_for,
-    workload_config_from_args,
+    comparison_plan,
 )
 
 
@@ -85,11 +83,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        qps = None if args.qps == 0 else args.qps
-        workload = workload_config_from_args(args, qps)
-        configs = bench_configs(args.schedulers, resolve_token_budgets(args))
-        # ("auto" stays only against a live server, whose engine is not built here.)
-        engine_configs = [engine_config_for(args, c) for c in configs if c.token_budget != "auto"]
+        workload, configs, engine_configs = comparison_plan(args, resolve_token_budgets(args))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -13,14 +13,13 @@ import sys
 import time
 from pathlib import Path
 
-from sarathi.benchmark.bench import BenchRun, bench_configs, format_table, summary_entry, write_results
+from sarathi.benchmark.bench import BenchRun, format_table, summary_entry, write_results
 from sarathi.entrypoints.workload_args import (
     add_comparison_parser,
     add_simulation_args,
     add_workload_args,
-    engine_config_for,
+    comparison_plan,
     resolve_simulation,
-    workload_config_from_args,
 )
 from sarathi.simulator.cluster import simulate_one
 
@@ -40,10 +39,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        qps = None if args.qps == 0 else args.qps
-        workload = workload_config_from_args(args, qps)
-        configs = bench_configs(args.schedulers, args.token_budget)
-        engine_configs = [engine_config_for(args, c) for c in configs]
+        workload, configs, engine_configs = comparison_plan(args, args.token_budget)
         resolved = [resolve_simulation(args, ec) for ec in engine_configs]
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

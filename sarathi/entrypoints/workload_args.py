@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from sarathi.benchmark.bench import CHAT, BenchConfig
+from sarathi.benchmark.bench import CHAT, BenchConfig, bench_configs
 from sarathi.benchmark.chat_workload import ChatWorkloadConfig
 from sarathi.benchmark.workload import (
     ARRIVALS,
@@ -112,6 +112,16 @@ def engine_config_for(args: argparse.Namespace, config: BenchConfig) -> EngineCo
         **{**vars(args), "scheduler": config.scheduler, "token_budget": config.token_budget}
     )
     return engine_config_from_args(ns)
+
+
+def comparison_plan(
+    args: argparse.Namespace, budgets: list[int | str]
+) -> tuple[WorkloadConfig | ChatWorkloadConfig, list[BenchConfig], list[EngineConfig]]:
+    """The workload at ``--qps`` (0: all at once), every scheduler x budget and their engine configs (none
+    for an ``auto`` budget, which only a live server keeps: it chose its own); ValueError names a flag."""
+    workload = workload_config_from_args(args, None if args.qps == 0 else args.qps)
+    configs = bench_configs(args.schedulers, budgets)
+    return workload, configs, [engine_config_for(args, c) for c in configs if c.token_budget != "auto"]
 
 
 def add_comparison_parser(

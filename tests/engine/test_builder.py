@@ -14,18 +14,7 @@ from sarathi.entrypoints import build
 from sarathi.executor.assemble import assemble_engine
 from sarathi.simulator.clock import SimulatedClock
 from sarathi.simulator.executor import SimulatedExecutor
-
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 1000,
-    "max_position_embeddings": 512,
-    "eos_token_id": 2,
-}
+from tests.simulator.test_simulator import TINY
 
 
 class PerToken(LatencyModel):
