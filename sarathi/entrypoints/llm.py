@@ -142,10 +142,11 @@ class LLM:
                 for j, (rid, child) in enumerate(zip(ids, children, strict=True)):
                     self.engine.add_request(rid, EngineRequest(token_ids, child), after=ids[0] if j else None)
                     added.append(rid)
-            except InvalidRequestError as e:
+            except ValueError as e:  # any refusal: none of this call's requests may stay queued
                 for rid in added:
                     self.engine.abort_request(rid)
-                raise InvalidRequestError(f"prompt {i}: {e}", e.param, e.code) from e
+                param, code = getattr(e, "param", "prompt"), getattr(e, "code", None)
+                raise InvalidRequestError(f"prompt {i}: {e}", param, code) from e
             groups.append(ids)
         return groups
 
