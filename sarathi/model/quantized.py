@@ -222,23 +222,30 @@ def _tiled(a: np.ndarray, tiles: int) -> np.ndarray:
 
 
 def pack(u: Unpacked) -> PackedQuant:
-    """The kernel's layout of an unpacked weight."""
+    """The kernel's layout of an unpacked weight: per tile of 16 output columns and group of 32 input
+    positions, eight "quads" of 64 bytes, byte 4c + i of quad r being the code of column c at position 4r + i
+    (what VPDPBUSD multiplies against four int8 activations broadcast to every column)."""
     fmt = u.fmt
     rows, cols = u.codes.shape
     tiles = -(-rows // TILE)
     codes = np.zeros((tiles * TILE, cols), dtype=np.uint8)
     codes[:rows] = u.codes
-    # [tiles, 16 columns, groups, 16 pairs, 2] -> [tiles, groups, pairs, lanes = 2 * column + j]
-    lanes = codes.reshape(tiles, TILE, cols // GROUP, GROUP // 2, 2).transpose(0, 2, 3, 1, 4)
-    lanes = lanes.reshape(tiles, cols // GROUP, GROUP // 2, 2 * TILE)
     if fmt.bits == 8:
-        packed = lanes.reshape(tiles, cols // GROUP, -1)
+        codes ^= 0x80  # q - z + 128: unsigned, as VPDPBUSD's first operand must be
+    # [tiles, 16 columns, groups, 8 quads, 4] -> [tiles, groups, quads, 4 * column + i]
+    quads = codes.reshape(tiles, TILE, cols // GROUP, GROUP // 4, 4).transpose(0, 2, 3, 1, 4)
+    quads = quads.reshape(tiles, cols // GROUP, GROUP // 4, 4 * TILE)
+    if fmt.bits == 8:
+        packed = quads.reshape(tiles, cols // GROUP, -1)
     else:
-        low = (lanes[:, :, :8] & 0x0F) | ((lanes[:, :, 8:] & 0x0F) << 4)
+        # quad r (r < 4) in the low nibbles of row r, quad r + 4 in its high nibbles; then one 64-byte plane
+        # per code bit above the fourth, whose bit r is that bit of quad r
+        low = (quads[:, :, :4] & 0x0F) | ((quads[:, :, 4:] & 0x0F) << 4)
         parts = [low.reshape(tiles, cols // GROUP, -1)]
+        weights = (1 << np.arange(GROUP // 4, dtype=np.uint16)).reshape(1, 1, -1, 1)
         for bit in range(4, fmt.bits):
-            plane = np.packbits((lanes >> bit) & 1, axis=-1, bitorder="little")
-            parts.append(plane.reshape(tiles, cols // GROUP, -1))
+            plane = (((quads >> bit) & 1).astype(np.uint16) * weights).sum(axis=2).astype(np.uint8)
+            parts.append(plane)
         packed = np.concatenate(parts, axis=-1)
 
     def tensor(a: np.ndarray | None) -> torch.Tensor:

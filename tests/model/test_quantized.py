@@ -1,8 +1,11 @@
 """GGUF-quantized weights kept in their blocks: unpacking equals the `gguf` package's dequantization, and the
-quantized kernel equals x (rounded to bf16) times those exact weights, at odd shapes, batch sizes 1 / 7 / 64,
-fused layers of mixed formats and TP slices on block boundaries."""
+quantized kernel equals x times those exact weights, at odd shapes, batch sizes 1 / 4 (x in two int8 terms
+per 32 positions, the VNNI path) and 7 / 64 (x rounded to bf16), fused layers of mixed formats and TP slices
+on block boundaries."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import gguf
 import numpy as np
@@ -45,9 +48,32 @@ def gguf_dequantized(t: quantized.QuantizedTensor) -> torch.Tensor:
     return torch.from_numpy(np.asarray(values, dtype=np.float32)).reshape(t.rows, t.cols)
 
 
+VNNI_MAX_ROWS = 4  # rows of x up to which the kernel takes the int8 path (csrc/quant_gemm.cpp)
+
+
 def reference_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x rounded to bf16 times w, in float64."""
     return x.bfloat16().double() @ w.double().T
+
+
+def int8_activations(x: torch.Tensor) -> torch.Tensor:
+    """x as the VNNI path multiplies it: per 32 positions, t = x * 127 / max|x| (float32), q1 = round(t),
+    q2 = round((t - q1) * 254) (to nearest even), and x ~ (q1 + q2 / 254) * max|x| / 127."""
+    blocks = x.float().reshape(x.shape[0], -1, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    # 127 / max|x| divided in float32 as the kernel does (a Python number over a tensor is a reciprocal times)
+    t = blocks * torch.where(amax > 0, torch.full_like(amax, 127) / amax, torch.zeros_like(amax))
+    q1 = torch.round(t)
+    q2 = torch.round((t - q1) * 254)
+    return ((q1.double() * 254 + q2.double()) * (amax.double() / (127 * 254))).reshape(x.shape)
+
+
+def reference_vnni(x: torch.Tensor, u: quantized.Unpacked) -> torch.Tensor:
+    """The VNNI path's product in float64: the scaled codes s * (q - z) against the int8 x, and the offsets m
+    against the exact x (their sums are taken from x itself)."""
+    scaled = quantized.dequantize(dataclasses.replace(u, dm=None)).double()
+    offsets = quantized.dequantize(u).double() - scaled
+    return int8_activations(x).double() @ scaled.T + x.double() @ offsets.T
 
 
 def shape_for(qtype: str) -> tuple[int, int]:
@@ -67,16 +93,17 @@ def test_unpacked_weights_equal_gguf_dequantization(qtype: str) -> None:
     assert (ours - ref).abs().max().item() <= tol
 
 
-@pytest.mark.parametrize("batch", [1, 7, 64])
+@pytest.mark.parametrize("batch", [1, 4, 7, 64])
 @pytest.mark.parametrize("qtype", list(quantized.FORMATS))
 def test_quantized_kernel_multiplies_the_exact_weights(qtype: str, batch: int) -> None:
     rows, cols = shape_for(qtype)
     t = random_quantized(qtype, rows, cols, seed=batch)
-    w = quantized.dequantize(quantized.unpack(t))
+    u = quantized.unpack(t)
     x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(batch))
+    x[0, :32] = 0.0  # an all-zero block of x (scale 0)
     out = torch.full((batch, rows), float("nan"))
-    kernels.quant_gemm(x, quantized.pack(quantized.unpack(t)), out)
-    want = reference_matmul(x, w)
+    kernels.quant_gemm(x, quantized.pack(u), out)
+    want = reference_vnni(x, u) if batch <= VNNI_MAX_ROWS else reference_matmul(x, quantized.dequantize(u))
     err = ((out.double() - want).abs().max() / want.abs().max()).item()
     assert err <= 2e-6, f"{qtype} batch {batch}: relative error {err:.2e}"
 

@@ -86,7 +86,8 @@ const TileTable& tiles() {
 // Whether this CPU executes AVX-512 with BF16 (every kernel of the extension).
 bool cpu_supported() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
+         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
 }
 
 // W [N, K] -> [ceil(N/16), K/2, 16, 2] bf16 (rows past N are zero).

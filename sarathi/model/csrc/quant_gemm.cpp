@@ -4,18 +4,24 @@
 // Every such format stores, per sub-block of 16 or 32 weights of a row, small integer codes q and scales:
 //     w = s * (q - z) + m,   s = d (* sc),   m = dm (* mc)
 // with d, dm float16 (per block, or per 256-weight super-block for k-quants) and sc, mc small integers (per
-// sub-block, k-quants only). The kernel turns codes into bf16 in registers (exact: |q - z| <= 255), multiplies
-// them against bf16 x with VDPBF16PS (float32 sums), and applies the scales once per sub-block:
+// sub-block, k-quants only). The scales are applied once per sub-block:
 //     sum_k w x = s * sum_k (q - z) x + m * sum_k x.
-// So the values multiplied are exactly the file's weights, with x rounded to bf16 as in our bf16 GEMM.
+// Two paths multiply the codes, both over exactly the file's values:
+// - a few rows of x (M <= kVnniMaxRows: decode, one sequence or a few): x is split into two int8 terms per 32
+//   positions (QuantizedRows: 16 bits of resolution, where one int8 term is too coarse for our contract),
+//   and VPDPBUSD sums 4 code x int8 products per lane in int32, twice; one conversion to float32 per
+//   sub-block. This reads the weight once at near the memory's speed (codes are never widened past bytes).
+// - more rows (prefill, batched decode): the codes of a chunk are decoded to bf16 once into a per-thread
+//   scratch and reused by every row, multiplied against bf16 x with VDPBF16PS (float32 sums): x rounded to
+//   bf16 as in our bf16 GEMM.
 //
-// Packed layout, per tile of 16 output columns and per group of 32 input positions (16 pairs), made by
-// sarathi/model/quantized.py: the bf16 register for pair p holds lanes 2c + j = weight (column c, position
-// 2p + j), which is what VDPBF16PS multiplies against a broadcast pair of x (as in bf16_gemm.cpp).
-//   4-bit: 256 bytes; byte b of row g (g < 8) = code(pair g, lane b) | code(pair g + 8, lane b) << 4
-//   5-bit: those 256 bytes, then 16 uint32 (bit b of word p: bit 4 of code(pair p, lane b))
-//   6-bit: as 5-bit, then 16 more uint32 for bit 5
-//   8-bit: 512 int8, (pair, lane), already q - z.
+// Packed layout, per tile of 16 output columns and per group of 32 input positions, made by
+// sarathi/model/quantized.py: eight "quads" of 64 bytes, byte 4c + i of quad r = code of column c at position
+// 4r + i (the operand VPDPBUSD multiplies against four broadcast int8 activations).
+//   4-bit: 256 bytes; byte b of row r (r < 4) = quad r's code | quad (r + 4)'s code << 4
+//   5-bit: those 256 bytes, then a 64-byte plane whose bit r of byte b = bit 4 of quad r's code b
+//   6-bit: as 5-bit, then a second plane for bit 5
+//   8-bit: the 8 quads, 512 bytes, each code q - z + 128 (unsigned).
 // Scales: d, dm float16 [tiles, super-blocks, 16]; sc int8 and mc uint8 [tiles, sub-blocks, 16].
 
 #include <ATen/ATen.h>
@@ -39,6 +45,9 @@ constexpr int kPairs = kGroup / 2;
 constexpr int kChunkGroups = 8;    // groups decoded at a time per tile into the per-thread scratch (16 KiB)
 constexpr int kMaxRows = 4;        // rows of x per register tile (measured on a Zen4 against 6 x 1, 6 x 2, 2 x 4)
 constexpr int kMaxTiles = 2;       // tiles of 16 columns per register tile: 4 x 2 x 2 accumulators
+constexpr int kQuads = kGroup / 4;  // 4-position quads per group
+constexpr int kVnniMaxRows = 4;    // rows of x per register tile of the int8 (VPDPBUSD) path
+constexpr int kVnniUpToRows = 4;   // rows up to which it runs (more: the bf16 path is faster)
 
 int group_bytes(int bits) { return bits == 8 ? 512 : 256 + (bits - 4) * 64; }
 
@@ -52,33 +61,58 @@ struct Weight {
   int bits, zero;
 };
 
-// Codes of one group (16 pairs x 32 lanes) -> bf16 values q - z into scratch.
+// Quad r of a group's codes: 64 unsigned bytes, byte 4c + i = code of column c at position 4r + i.
+template <int BITS>
+__attribute__((target("avx512f,avx512bw"))) inline __m512i quad_codes(const uint8_t* codes, int r) {
+  if constexpr (BITS == 8) {
+    return _mm512_loadu_si512(codes + 64 * r);
+  } else {
+    const __m512i packed = _mm512_loadu_si512(codes + 64 * (r & 3));
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    __m512i q = r < 4 ? _mm512_and_si512(packed, nibble) : _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
+    const __m512i bit_r = _mm512_set1_epi8(static_cast<char>(1 << r));
+    if constexpr (BITS >= 5) {
+      const __mmask64 hi = _mm512_test_epi8_mask(_mm512_loadu_si512(codes + 256), bit_r);
+      q = _mm512_mask_add_epi8(q, hi, q, _mm512_set1_epi8(16));
+    }
+    if constexpr (BITS == 6) {
+      const __mmask64 hi = _mm512_test_epi8_mask(_mm512_loadu_si512(codes + 320), bit_r);
+      q = _mm512_mask_add_epi8(q, hi, q, _mm512_set1_epi8(32));
+    }
+    return q;
+  }
+}
+
+// Codes of one group -> bf16 values q - z in the pair layout VDPBF16PS wants, into scratch: pair p (positions
+// 2p, 2p + 1) is 32 bf16 lanes, lane 2c + j = column c at position 2p + j.
 template <int BITS>
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void decode_group(
     const uint8_t* codes, uint16_t* out, const uint16_t* lut) {
   const __m512i lut0 = _mm512_loadu_si512(lut), lut1 = _mm512_loadu_si512(lut + 32);
-  if constexpr (BITS == 8) {
-    for (int p = 0; p < kPairs; ++p) {
-      const auto* c = reinterpret_cast<const __m128i*>(codes + p * 32);
-      const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(c)));
-      const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(c + 1)));
-      _mm512_storeu_si512(out + p * 32, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-    }
-  } else {
-    const __m512i nibble = _mm512_set1_epi16(15);
-    const auto* bit4 = reinterpret_cast<const uint32_t*>(codes + 256);
-    const auto* bit5 = reinterpret_cast<const uint32_t*>(codes + 320);
-    for (int g = 0; g < kPairs / 2; ++g) {
-      const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 32 * g)));
-      __m512i idx[2] = {_mm512_and_si512(v, nibble), _mm512_srli_epi16(v, 4)};
-      for (int h = 0; h < 2; ++h) {
-        const int p = g + 8 * h;
-        if constexpr (BITS >= 5) idx[h] = _mm512_mask_add_epi16(idx[h], bit4[p], idx[h], _mm512_set1_epi16(16));
-        if constexpr (BITS == 6) idx[h] = _mm512_mask_add_epi16(idx[h], bit5[p], idx[h], _mm512_set1_epi16(32));
-        const __m512i w = BITS == 6 ? _mm512_permutex2var_epi16(lut0, idx[h], lut1)
-                                    : _mm512_permutexvar_epi16(idx[h], lut0);
-        _mm512_storeu_si512(out + p * 32, w);
+  alignas(64) static const uint16_t kPick[2][32] = {
+      {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29,
+       32, 33, 36, 37, 40, 41, 44, 45, 48, 49, 52, 53, 56, 57, 60, 61},
+      {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31,
+       34, 35, 38, 39, 42, 43, 46, 47, 50, 51, 54, 55, 58, 59, 62, 63}};
+  const __m512i pick0 = _mm512_load_si512(kPick[0]), pick1 = _mm512_load_si512(kPick[1]);
+  for (int r = 0; r < kQuads; ++r) {
+    const __m512i q = quad_codes<BITS>(codes, r);
+    const __m512i lo = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(q));
+    const __m512i hi = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(q, 1));
+    for (int h = 0; h < 2; ++h) {
+      const __m512i idx = _mm512_permutex2var_epi16(lo, h ? pick1 : pick0, hi);  // codes, pair 2r + h
+      __m512i w;
+      if constexpr (BITS == 8) {
+        const __m512i v = _mm512_sub_epi16(idx, _mm512_set1_epi16(128));
+        const __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(v)));
+        const __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(v, 1)));
+        w = (__m512i)_mm512_cvtne2ps_pbh(f1, f0);
+      } else if constexpr (BITS == 6) {
+        w = _mm512_permutex2var_epi16(lut0, idx, lut1);
+      } else {
+        w = _mm512_permutexvar_epi16(idx, lut0);
       }
+      _mm512_storeu_si512(out + (2 * r + h) * 32, w);
     }
   }
 }
@@ -221,6 +255,169 @@ void run(const int32_t* x, int64_t m, int64_t k, const float* xsum, const Weight
   });
 }
 
+// x rows for the VNNI path, in two int8 terms per 32 positions: x ~ dx * (q1 + q2 / 254), dx = max|x| / 127,
+// q1 = round(x / dx), q2 = round((x / dx - q1) * 254). The second term carries the first one's rounding
+// error, so the pair resolves x to max|x| / 32,258 (16 bits): the bf16 path's precision or better, where one
+// int8 term alone (llama.cpp's Q8_0 activations) misses our logits contract (see docs/results.md).
+// Per sub-block: the sum of 254 * q1 + q2 (for the zero point) and of the float32 x (for the offset term).
+struct QuantizedRows {
+  const int8_t* q1;
+  const int8_t* q2;
+  const float* dx;      // [m, k / 32]: max|x| / (127 * 254), the scale of 254 * q1 + q2
+  const int32_t* isum;  // [m, k / sub]
+  const float* xsum;    // [m, k / sub]
+  int64_t k, sub;
+
+  QuantizedRows rows_from(int64_t r) const {
+    const int64_t nsub = k / sub;
+    return {q1 + r * k, q2 + r * k, dx + r * (k / kGroup), isum + r * nsub, xsum + r * nsub, k, sub};
+  }
+};
+
+constexpr int kFine = 254;  // q2's steps per step of q1
+
+__attribute__((target("avx512f,avx512bw"))) void quantize_row(const float* x, int64_t k, int sub, int8_t* q1,
+                                                               int8_t* q2, float* dx, int32_t* isum,
+                                                               float* xsum) {
+  const __m512 fine = _mm512_set1_ps(static_cast<float>(kFine));
+  for (int64_t b = 0; b < k / kGroup; ++b) {
+    const __m512 x0 = _mm512_loadu_ps(x + b * kGroup), x1 = _mm512_loadu_ps(x + b * kGroup + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    dx[b] = amax / (127.0f * kFine);
+    __m512i sums[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m512 t = _mm512_mul_ps(h ? x1 : x0, inv);
+      const __m512i c = _mm512_cvtps_epi32(t);  // round to nearest even
+      const __m512i f = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(t, _mm512_cvtepi32_ps(c)), fine));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q1 + b * kGroup + 16 * h), _mm512_cvtsepi32_epi8(c));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q2 + b * kGroup + 16 * h), _mm512_cvtsepi32_epi8(f));
+      sums[h] = _mm512_add_epi32(_mm512_mullo_epi32(c, _mm512_set1_epi32(kFine)), f);
+    }
+    if (sub == kGroup) {
+      isum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(sums[0], sums[1]));
+      xsum[b] = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
+    } else {  // 16
+      isum[2 * b] = _mm512_reduce_add_epi32(sums[0]), isum[2 * b + 1] = _mm512_reduce_add_epi32(sums[1]);
+      xsum[2 * b] = _mm512_reduce_add_ps(x0), xsum[2 * b + 1] = _mm512_reduce_add_ps(x1);
+    }
+  }
+}
+
+// MR quantized rows of x against NB tiles, the whole depth: VPDPBUSD over the codes read in place.
+template <int BITS, int MR, int NB, int SUB, bool SC, bool MIN>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const QuantizedRows& x, const Weight& w,
+                                                                        int64_t tile0, float* y, int64_t ldy,
+                                                                        int64_t cols) {
+  constexpr int kSubsPerGroup = kGroup / SUB, kQuadsPerSub = SUB / 4;
+  const int64_t subs_per_super = w.subs / w.supers, bytes = group_bytes(BITS), ldb = x.k / kGroup;
+  const int32_t zero = BITS == 8 ? 128 : w.zero;
+  __mmask16 mask[NB];
+  for (int j = 0; j < NB; ++j) {
+    const int64_t left = cols - j * kCols;
+    mask[j] = left >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u);
+  }
+  __m512 acc[MR][NB];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < w.groups; ++g) {
+    const uint8_t* codes[NB];
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) codes[j] = w.codes + ((tile0 + j) * w.groups + g) * bytes;
+#pragma GCC unroll 2
+    for (int s = 0; s < kSubsPerGroup; ++s) {
+      __m512i dot[MR][NB], fine[MR][NB];
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+        for (int j = 0; j < NB; ++j) dot[i][j] = fine[i][j] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int t = 0; t < kQuadsPerSub; ++t) {
+        const int r = s * kQuadsPerSub + t;
+        __m512i u[NB];
+#pragma GCC unroll 2
+        for (int j = 0; j < NB; ++j) u[j] = quad_codes<BITS>(codes[j], r);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) {
+          int32_t four1, four2;
+          std::memcpy(&four1, x.q1 + i * x.k + g * kGroup + 4 * r, 4);
+          std::memcpy(&four2, x.q2 + i * x.k + g * kGroup + 4 * r, 4);
+          const __m512i xb1 = _mm512_set1_epi32(four1), xb2 = _mm512_set1_epi32(four2);
+#pragma GCC unroll 2
+          for (int j = 0; j < NB; ++j) {
+            dot[i][j] = _mm512_dpbusd_epi32(dot[i][j], u[j], xb1);
+            fine[i][j] = _mm512_dpbusd_epi32(fine[i][j], u[j], xb2);
+          }
+        }
+      }
+      const int64_t sub = g * kSubsPerGroup + s, sup = sub / subs_per_super, ldsub = x.k / SUB;
+#pragma GCC unroll 2
+      for (int j = 0; j < NB; ++j) {
+        const int64_t tile = tile0 + j;
+        const int64_t super_at = (tile * w.supers + sup) * kCols, sub_at = (tile * w.subs + sub) * kCols;
+        __m512 scale = halves16(w.d + super_at);
+        if constexpr (SC) scale = _mm512_mul_ps(scale, bytes16(w.sc + sub_at));
+        __m512 shift = _mm512_setzero_ps();
+        if constexpr (MIN) {
+          shift = halves16(w.dm + super_at);
+          if constexpr (SC) shift = _mm512_mul_ps(shift, bytes16(w.mc + sub_at));
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) {
+          __m512i d = _mm512_add_epi32(_mm512_mullo_epi32(dot[i][j], _mm512_set1_epi32(kFine)), fine[i][j]);
+          if (zero != 0) d = _mm512_sub_epi32(d, _mm512_set1_epi32(zero * x.isum[i * ldsub + sub]));
+          const __m512 sx = _mm512_mul_ps(scale, _mm512_set1_ps(x.dx[i * ldb + g]));
+          acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sx, acc[i][j]);
+          if constexpr (MIN) acc[i][j] = _mm512_fmadd_ps(shift, _mm512_set1_ps(x.xsum[i * ldsub + sub]), acc[i][j]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) _mm512_mask_storeu_ps(y + i * ldy + j * kCols, mask[j], acc[i][j]);
+}
+
+using VnniFn = void (*)(const QuantizedRows&, const Weight&, int64_t, float*, int64_t, int64_t);
+
+template <int BITS, int SUB, bool SC, bool MIN>
+struct VnniTable {
+  VnniFn fn[kVnniMaxRows + 1][kMaxTiles + 1] = {};
+  template <int MR, int NB>
+  void put() {
+    fn[MR][NB] = &vnni_tiles<BITS, MR, NB, SUB, SC, MIN>;
+  }
+  template <int MR, int... NBs>
+  void put_row(std::integer_sequence<int, NBs...>) {
+    (put<MR, NBs + 1>(), ...);
+  }
+  template <int... MRs>
+  void put_all(std::integer_sequence<int, MRs...>) {
+    (put_row<MRs + 1>(std::make_integer_sequence<int, kMaxTiles>{}), ...);
+  }
+  VnniTable() { put_all(std::make_integer_sequence<int, kVnniMaxRows>{}); }
+};
+
+template <int BITS, int SUB, bool SC, bool MIN>
+void run_vnni(const QuantizedRows& x, int64_t m, const Weight& w, float* y, int64_t ldy, int64_t n) {
+  static const VnniTable<BITS, SUB, SC, MIN> table;
+  const int64_t tiles = (n + kCols - 1) / kCols, tile_groups = (tiles + kMaxTiles - 1) / kMaxTiles;
+  at::parallel_for(0, tile_groups, 1, [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {
+      const int64_t tile0 = q * kMaxTiles;
+      const int nb = static_cast<int>(std::min<int64_t>(kMaxTiles, tiles - tile0));
+      const int64_t col0 = tile0 * kCols, cols = std::min<int64_t>(n - col0, nb * kCols);
+      for (int64_t r = 0; r < m; r += kVnniMaxRows) {  // the tiles' codes stay in L2 across row tiles
+        const int mr = static_cast<int>(std::min<int64_t>(kVnniMaxRows, m - r));
+        table.fn[mr][nb](x.rows_from(r), w, tile0, y + r * ldy + col0, ldy, cols);
+      }
+    }
+  });
+}
+
 const uint16_t* half_ptr(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>()); }
 
 }  // namespace
@@ -236,8 +433,7 @@ void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tenso
   TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == at::kByte && codes.is_contiguous(), "quant_gemm: bad codes");
   TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "quant_gemm: unsupported code width ", bits);
   TORCH_CHECK(codes.size(2) == group_bytes(static_cast<int>(bits)), "quant_gemm: codes do not match ", bits, " bits");
-  const at::Tensor x = x_in.to(at::kBFloat16).contiguous();
-  const int64_t m = x.size(0), k = x.size(1), n = out.size(1);
+  const int64_t m = x_in.size(0), k = x_in.size(1), n = out.size(1);
   TORCH_CHECK(k == codes.size(1) * kGroup, "quant_gemm: x has ", k, " features, the weight ", codes.size(1) * kGroup);
   TORCH_CHECK(codes.size(0) == (n + kCols - 1) / kCols, "quant_gemm: out has ", n, " columns, the weight ",
               codes.size(0), " tiles");
@@ -263,15 +459,39 @@ void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tenso
     }
   }
   if (m == 0) return;
+  float* yp = out.data_ptr<float>();
+  const int64_t ldy = out.stride(0);
+  const int key = static_cast<int>(bits) * 1000 + static_cast<int>(sub) * 10 + (has_sc ? 2 : 0) + (has_min ? 1 : 0);
+  if (m <= kVnniUpToRows) {
+    const at::Tensor xf = x_in.to(at::kFloat).contiguous();
+    const int64_t nsub = k / sub;
+    at::Tensor q = at::empty({2, m, k}, at::kChar), dx = at::empty({m, k / kGroup}, at::kFloat);
+    at::Tensor isum = at::empty({m, nsub}, at::kInt), xsum = at::empty({m, nsub}, at::kFloat);
+    for (int64_t i = 0; i < m; ++i)
+      quantize_row(xf.data_ptr<float>() + i * k, k, static_cast<int>(sub), q.data_ptr<int8_t>() + i * k,
+                   q.data_ptr<int8_t>() + (m + i) * k, dx.data_ptr<float>() + i * (k / kGroup), isum.data_ptr<int32_t>() + i * nsub,
+                   xsum.data_ptr<float>() + i * nsub);
+    const QuantizedRows xr{q.data_ptr<int8_t>(), q.data_ptr<int8_t>() + m * k, dx.data_ptr<float>(), isum.data_ptr<int32_t>(),
+                           xsum.data_ptr<float>(), k, sub};
+    switch (key) {
+      case 4320: run_vnni<4, 32, false, false>(xr, m, w, yp, ldy, n); return;  // Q4_0
+      case 4321: run_vnni<4, 32, false, true>(xr, m, w, yp, ldy, n); return;   // Q4_1
+      case 5320: run_vnni<5, 32, false, false>(xr, m, w, yp, ldy, n); return;  // Q5_0
+      case 5321: run_vnni<5, 32, false, true>(xr, m, w, yp, ldy, n); return;   // Q5_1
+      case 8320: run_vnni<8, 32, false, false>(xr, m, w, yp, ldy, n); return;  // Q8_0
+      case 4323: run_vnni<4, 32, true, true>(xr, m, w, yp, ldy, n); return;    // Q4_K
+      case 5323: run_vnni<5, 32, true, true>(xr, m, w, yp, ldy, n); return;    // Q5_K
+      case 6162: run_vnni<6, 16, true, false>(xr, m, w, yp, ldy, n); return;   // Q6_K
+      default: break;  // reported below
+    }
+  }
+  const at::Tensor x = x_in.to(at::kBFloat16).contiguous();
   const auto* xp = reinterpret_cast<const int32_t*>(x.data_ptr<at::BFloat16>());
   at::Tensor xsum;
   if (has_min) {  // sums of the bf16 x over each sub-block, for the offset term
     xsum = x.to(at::kFloat).view({m, k / sub, sub}).sum(-1).contiguous();
   }
   const float* sp = has_min ? xsum.data_ptr<float>() : nullptr;
-  float* yp = out.data_ptr<float>();
-  const int64_t ldy = out.stride(0);
-  const int key = static_cast<int>(bits) * 1000 + static_cast<int>(sub) * 10 + (has_sc ? 2 : 0) + (has_min ? 1 : 0);
   switch (key) {
     case 4320: run<4, 32, false, false>(xp, m, k, sp, w, yp, ldy, n); break;  // Q4_0
     case 4321: run<4, 32, false, true>(xp, m, k, sp, w, yp, ldy, n); break;   // Q4_1

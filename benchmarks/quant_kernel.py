@@ -1,0 +1,101 @@
+"""The quantized GEMM kernel alone: one linear layer's product, timed in a loop, against our bf16 GEMM.
+
+For each GGUF format and each number of rows of x, the median time of one call over a weight too big to stay
+in cache, the quantized bytes read per second, and the ratio to the bf16 kernel on the same shape (the
+weight's bf16 bytes). Rows up to 4 take the int8-activation (VPDPBUSD) path, more rows the bf16 one.
+Shapes are Llama 3.2 1B's (`--shape`): the MLP's up projection (8,192 x 2,048), its down projection
+(2,048 x 8,192) and the tied LM head (128,256 x 2,048). Random codes; results saved with the machine:
+
+    python -m benchmarks.quant_kernel [--formats Q8_0,Q4_K,Q6_K] [--rows 1,4,8,32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import gguf
+import numpy as np
+import torch
+
+from benchmarks.record import save_result
+from sarathi.model import kernels, quantized
+
+SHAPES = {"up": (8192, 2048), "down": (2048, 8192), "lm_head": (128256, 2048)}
+
+
+def random_weight(qtype: str, rows: int, cols: int) -> quantized.PackedQuant:
+    """Random valid blocks (float16 fields drawn small, as in the kernel's tests)."""
+    block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
+    rng = np.random.default_rng(0)
+    n = rows * cols // block
+    raw = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
+    d_offset = 208 if qtype == "Q6_K" else 0
+    raw[:, d_offset : d_offset + 2] = rng.uniform(1e-4, 1e-3, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+    if quantized.FORMATS[qtype].offsets:
+        raw[:, 2:4] = rng.uniform(1e-4, 1e-3, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+    t = quantized.QuantizedTensor(qtype, rows, cols, torch.from_numpy(raw.reshape(rows, -1)))
+    return quantized.pack(quantized.unpack(t))
+
+
+def median_seconds(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--formats", default="Q8_0,Q4_0,Q4_K,Q6_K")
+    p.add_argument("--rows", default="1,2,4,8,32")
+    p.add_argument("--shape", default="up,down,lm_head")
+    p.add_argument("--repeats", type=int, default=20)
+    args = p.parse_args()
+    if not kernels.available():
+        print("sarathi's CPU kernels do not run here", file=sys.stderr)
+        return 1
+    rows_list = [int(r) for r in args.rows.split(",")]
+    results = []
+    for shape in args.shape.split(","):
+        n, k = SHAPES[shape]
+        bf16 = kernels.pack(torch.randn(n, k) * 0.02)
+        repeats = max(3, args.repeats // 8) if shape == "lm_head" else args.repeats
+        bf16_s = {}
+        for m in rows_list:
+            x = torch.randn(m, k)
+            bf16_s[m] = median_seconds(lambda x=x: kernels.gemm(x, bf16, n, None), repeats)
+        for qtype in args.formats.split(","):
+            w = random_weight(qtype, n, k)
+            for m in rows_list:
+                x = torch.randn(m, k)
+                out = torch.empty(m, n)
+                s = median_seconds(lambda x=x, out=out: kernels.quant_gemm(x, w, out), repeats)
+                row = {
+                    "shape": shape,
+                    "n": n,
+                    "k": k,
+                    "format": qtype,
+                    "rows": m,
+                    "ms": round(s * 1e3, 3),
+                    "quantized_gb_per_s": round(w.nbytes / s / 1e9, 1),
+                    "bf16_ms": round(bf16_s[m] * 1e3, 3),
+                    "vs_bf16": round(s / bf16_s[m], 2),
+                }
+                results.append(row)
+                print(
+                    f"{shape:8s} {qtype:5s} rows {m:3d}: {row['ms']:8.3f} ms  "
+                    f"{row['quantized_gb_per_s']:5.1f} GB/s  bf16 {row['bf16_ms']:8.3f} ms  ({row['vs_bf16']:.2f}x)",
+                    flush=True,
+                )
+    print(f"saved {save_result('quant_kernel', results, vars(args))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
