@@ -32,10 +32,14 @@ def random_weight(qtype: str, rows: int, cols: int) -> quantized.PackedQuant:
     rng = np.random.default_rng(0)
     n = rows * cols // block
     raw = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
+
+    def halves() -> np.ndarray:
+        return rng.uniform(1e-4, 1e-3, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+
     d_offset = 208 if qtype == "Q6_K" else 0
-    raw[:, d_offset : d_offset + 2] = rng.uniform(1e-4, 1e-3, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+    raw[:, d_offset : d_offset + 2] = halves()
     if quantized.FORMATS[qtype].offsets:
-        raw[:, 2:4] = rng.uniform(1e-4, 1e-3, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+        raw[:, 2:4] = halves()
     t = quantized.QuantizedTensor(qtype, rows, cols, torch.from_numpy(raw.reshape(rows, -1)))
     return quantized.pack(quantized.unpack(t))
 
@@ -69,13 +73,13 @@ def main() -> int:
         bf16_s = {}
         for m in rows_list:
             x = torch.randn(m, k)
-            bf16_s[m] = median_seconds(lambda x=x: kernels.gemm(x, bf16, n, None), repeats)
+            bf16_s[m] = median_seconds(lambda x=x, bf16=bf16, n=n: kernels.gemm(x, bf16, n, None), repeats)
         for qtype in args.formats.split(","):
             w = random_weight(qtype, n, k)
             for m in rows_list:
                 x = torch.randn(m, k)
                 out = torch.empty(m, n)
-                s = median_seconds(lambda x=x, out=out: kernels.quant_gemm(x, w, out), repeats)
+                s = median_seconds(lambda x=x, out=out, w=w: kernels.quant_gemm(x, w, out), repeats)
                 row = {
                     "shape": shape,
                     "n": n,
@@ -90,7 +94,8 @@ def main() -> int:
                 results.append(row)
                 print(
                     f"{shape:8s} {qtype:5s} rows {m:3d}: {row['ms']:8.3f} ms  "
-                    f"{row['quantized_gb_per_s']:5.1f} GB/s  bf16 {row['bf16_ms']:8.3f} ms  ({row['vs_bf16']:.2f}x)",
+                    f"{row['quantized_gb_per_s']:5.1f} GB/s  bf16 {row['bf16_ms']:8.3f} ms  "
+                    f"({row['vs_bf16']:.2f}x)",
                     flush=True,
                 )
     print(f"saved {save_result('quant_kernel', results, vars(args))}")
