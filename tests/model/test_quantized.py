@@ -1,6 +1,6 @@
 """GGUF-quantized weights kept in their blocks: unpacking equals the `gguf` package's dequantization, and the
 quantized kernel equals x times those exact weights, at odd shapes, batch sizes 1 / 4 (x in two int8 terms
-per 32 positions, the VNNI path) and 7 / 64 (x rounded to bf16), fused layers of mixed formats and TP slices
+per 32 positions, the VNNI path; up to 32 rows for 8-bit codes) and 7 / 64 (x rounded to bf16), fused layers of mixed formats and TP slices
 on block boundaries."""
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ def gguf_dequantized(t: quantized.QuantizedTensor) -> torch.Tensor:
     return torch.from_numpy(np.asarray(values, dtype=np.float32)).reshape(t.rows, t.cols)
 
 
-VNNI_MAX_ROWS = 4  # rows of x up to which the kernel takes the int8 path (csrc/quant_gemm.cpp)
+def takes_int8_path(qtype: str, rows: int) -> bool:
+    """Whether the kernel multiplies `rows` rows of x in two int8 terms (csrc/quant_gemm.cpp's thresholds)."""
+    return rows <= (32 if quantized.FORMATS[qtype].bits == 8 else 4)
 
 
 def reference_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -103,7 +105,7 @@ def test_quantized_kernel_multiplies_the_exact_weights(qtype: str, batch: int) -
     x[0, :32] = 0.0  # an all-zero block of x (scale 0)
     out = torch.full((batch, rows), float("nan"))
     kernels.quant_gemm(x, quantized.pack(u), out)
-    want = reference_vnni(x, u) if batch <= VNNI_MAX_ROWS else reference_matmul(x, quantized.dequantize(u))
+    want = reference_vnni(x, u) if takes_int8_path(qtype, batch) else reference_matmul(x, quantized.dequantize(u))
     err = ((out.double() - want).abs().max() / want.abs().max()).item()
     assert err <= 2e-6, f"{qtype} batch {batch}: relative error {err:.2e}"
 
@@ -118,11 +120,15 @@ def test_fused_layer_of_mixed_formats_and_its_bias() -> None:
     layer.load_quantized(parts)
     assert layer.is_packed and layer.weight is None and layer.quantized_formats == ["Q5_0", "Q8_0"]
     assert len(layer._quant) == 2
-    w = torch.cat([gguf_dequantized(p) for p in parts])
     x = torch.randn(5, 3, cols)
     y = layer(x)
     assert y.dtype == torch.float32 and y.shape == (5, 3, 36)
-    want = reference_matmul(x.reshape(-1, cols), w) + layer.bias.double()
+    x2 = x.reshape(-1, cols)  # 15 rows: the Q5_0 segment on the bf16 path, the Q8_0 one on the int8 path
+    assert not takes_int8_path("Q5_0", 15) and takes_int8_path("Q8_0", 15)
+    q5 = torch.cat([gguf_dequantized(p) for p in parts[:2]])
+    int8 = reference_vnni(x2.bfloat16().float(), quantized.unpack(parts[2]))  # the layer feeds bf16 x
+    want = torch.cat([reference_matmul(x2, q5), int8], dim=1)
+    want = want + layer.bias.double()
     assert torch.allclose(y.reshape(-1, 36).double(), want, rtol=0, atol=1e-5)
 
 

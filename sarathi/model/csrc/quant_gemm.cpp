@@ -47,7 +47,8 @@ constexpr int kMaxRows = 4;        // rows of x per register tile (measured on a
 constexpr int kMaxTiles = 2;       // tiles of 16 columns per register tile: 4 x 2 x 2 accumulators
 constexpr int kQuads = kGroup / 4;  // 4-position quads per group
 constexpr int kVnniMaxRows = 4;    // rows of x per register tile of the int8 (VPDPBUSD) path
-constexpr int kVnniUpToRows = 4;   // rows up to which it runs (more: the bf16 path is faster)
+constexpr int kVnniUpToRows = 4;   // rows up to which it runs (more: the bf16 path is faster) ...
+constexpr int kVnniUpToRows8 = 32;  // ... but for 8-bit codes, which it reads without decoding
 
 int group_bytes(int bits) { return bits == 8 ? 512 : 256 + (bits - 4) * 64; }
 
@@ -462,7 +463,7 @@ void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tenso
   float* yp = out.data_ptr<float>();
   const int64_t ldy = out.stride(0);
   const int key = static_cast<int>(bits) * 1000 + static_cast<int>(sub) * 10 + (has_sc ? 2 : 0) + (has_min ? 1 : 0);
-  if (m <= kVnniUpToRows) {
+  if (m <= (bits == 8 ? kVnniUpToRows8 : kVnniUpToRows)) {
     const at::Tensor xf = x_in.to(at::kFloat).contiguous();
     const int64_t nsub = k / sub;
     at::Tensor q = at::empty({2, m, k}, at::kChar), dx = at::empty({m, k / kGroup}, at::kFloat);
