@@ -1,7 +1,7 @@
 """GGUF-quantized weights kept in their blocks: unpacking equals the `gguf` package's dequantization, and the
 quantized kernel equals x times those exact weights, at odd shapes, batch sizes 1 / 4 (x in two int8 terms
-per 32 positions, the VNNI path; up to 32 rows for 8-bit codes) and 7 / 64 (x rounded to bf16), fused layers of mixed formats and TP slices
-on block boundaries."""
+per 32 positions, the VNNI path; up to 32 rows for 8-bit codes) and 7 / 64 (x rounded to bf16), fused
+layers of mixed formats and TP slices on block boundaries."""
 
 from __future__ import annotations
 
@@ -105,7 +105,10 @@ def test_quantized_kernel_multiplies_the_exact_weights(qtype: str, batch: int) -
     x[0, :32] = 0.0  # an all-zero block of x (scale 0)
     out = torch.full((batch, rows), float("nan"))
     kernels.quant_gemm(x, quantized.pack(u), out)
-    want = reference_vnni(x, u) if takes_int8_path(qtype, batch) else reference_matmul(x, quantized.dequantize(u))
+    if takes_int8_path(qtype, batch):
+        want = reference_vnni(x, u)
+    else:
+        want = reference_matmul(x, quantized.dequantize(u))
     err = ((out.double() - want).abs().max() / want.abs().max()).item()
     assert err <= 2e-6, f"{qtype} batch {batch}: relative error {err:.2e}"
 
