@@ -30,6 +30,8 @@ TBT and TTFT CDFs at one shared load per workload.
     .venv/bin/python -m benchmarks.vs_llama_cpp           # both workloads, all four -b, 6 probes per search
     .venv/bin/python -m benchmarks.vs_llama_cpp --quick --model gemma3-270m   # Gemma 3 270M: its Q4_K_M
                                                           # file requantized to BF16 vs our bf16 default
+    .venv/bin/python -m benchmarks.vs_llama_cpp --quick --quantization gguf   # both on the shipped file's
+                                                          # own quantized blocks (SmolLM2: Q4_1)
 """
 
 from __future__ import annotations
@@ -117,33 +119,50 @@ def llama_server_command(
 
 
 def sarathi_serve_command(
-    port: int, token_budget: int, model: str | None = None, python: str = sys.executable
+    port: int,
+    token_budget: int,
+    model: str | None = None,
+    python: str = sys.executable,
+    quantized: bool = False,
 ) -> list[str]:
-    """``sarathi serve`` of ``model`` (default: the embedded one; bf16) with ``token_budget``."""
+    """``sarathi serve`` of ``model`` (default: the embedded one) with ``token_budget``: bf16, or with
+    ``quantized`` the GGUF's own blocks (``--quantization gguf``)."""
     flags = ["--token-budget", str(token_budget), *(["--model", model] if model else [])]
+    flags += ["--quantization", "gguf"] if quantized else []
     return serve_command(port, *flags, python=python)
 
 
 def server_command(
-    setting: ServerSetting, port: int, model_gguf: str | Path | None = None, model: str | None = None
+    setting: ServerSetting,
+    port: int,
+    model_gguf: str | Path | None = None,
+    model: str | None = None,
+    quantized: bool = False,
 ) -> list[str]:
     if setting.server == "llama.cpp":
         if model_gguf is None:
-            raise ValueError("llama.cpp needs the BF16 GGUF")
+            raise ValueError("llama.cpp needs a GGUF file")
         return llama_server_command(binary("llama-server"), model_gguf, port, setting.knob)
     if setting.server == "sarathi":
-        return sarathi_serve_command(port, setting.knob, model)
+        return sarathi_serve_command(port, setting.knob, model, quantized=quantized)
     raise ValueError(f"unknown server {setting.server!r}")
 
 
-def model_files(model: str | None) -> tuple[Path, str]:
-    """The BF16 GGUF llama.cpp serves and the converted folder sarathi reads (its tokenizer) for ``model``
-    (None: the embedded SmolLM2; or a packaged model's name such as gemma3-270m)."""
-    from sarathi.model.embedded import PACKAGED_MODELS, embedded_model_path, packaged_model_path
+def model_files(model: str | None, quantized: bool = False) -> tuple[Path, str]:
+    """The GGUF llama.cpp serves (BF16, or with ``quantized`` the shipped file itself) and the converted
+    folder sarathi reads (its tokenizer) for ``model`` (None: the embedded SmolLM2; or a packaged model's
+    name such as gemma3-270m)."""
+    from sarathi.model.embedded import (
+        PACKAGED_MODELS,
+        embedded_gguf_path,
+        embedded_model_path,
+        packaged_model_path,
+    )
 
     if model is None:
-        return ensure_bf16_gguf(), embedded_model_path()
-    return ensure_gguf("BF16", src=PACKAGED_MODELS[model].gguf_path()), packaged_model_path(model)
+        return (embedded_gguf_path() if quantized else ensure_bf16_gguf()), embedded_model_path()
+    shipped = PACKAGED_MODELS[model].gguf_path()
+    return (shipped if quantized else ensure_gguf("BF16", src=shipped)), packaged_model_path(model)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -391,6 +410,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--qps-start", type=float, default=None, help="default: power of 2 near sarathi's sim")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=None, help="a packaged model, e.g. gemma3-270m (default: SmolLM2)")
+    p.add_argument(
+        "--quantization",
+        choices=["none", "gguf"],
+        default="none",
+        help="gguf: both serve the shipped GGUF's own blocks (sarathi --quantization gguf); none: BF16",
+    )
     p.add_argument("--output-dir", default="vs_llama_cpp_results")
     p.add_argument("--no-save", action="store_true", help="do not write the JSON record")
     args = p.parse_args(argv)
@@ -426,7 +451,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     ensure_llama_cpp()
-    gguf, folder = model_files(args.model)
+    quantized = args.quantization == "gguf"
+    gguf, folder = model_files(args.model, quantized)
     allowed = TokenSpace.of_folder(folder).allowed()
     all_results: list[SettingResult] = []
     comparison: dict[str, dict] = {}
@@ -440,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = []
         for setting in settings_for(args.batches, DEFAULT_TOKEN_BUDGET, tuned):
             port = free_port()
-            cmd = server_command(setting, port, gguf, args.model)
+            cmd = server_command(setting, port, gguf, args.model, quantized)
             shown = " ".join([Path(cmd[0]).name, *cmd[1:]])
             print(f"-- {setting.label}: {shown}", flush=True)
             result = SettingResult(setting, trace)
@@ -498,7 +524,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 " -b B -ub min(B, 512)",
                 "weights": gguf.name,
             },
-            "sarathi": {"version": _sarathi_version(), "default_token_budget": DEFAULT_TOKEN_BUDGET},
+            "sarathi": {
+                "version": _sarathi_version(),
+                "default_token_budget": DEFAULT_TOKEN_BUDGET,
+                "quantization": args.quantization,
+            },
             "comparison": comparison,
             "disturbed_probes": disturbed,
             "max_foreign_load": MAX_FOREIGN_LOAD,

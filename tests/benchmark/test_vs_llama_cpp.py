@@ -35,6 +35,9 @@ def test_sarathi_serve_command():
     assert cmd[:4] == ["py", "-m", "sarathi", "serve"]
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == "9000"
     assert cmd[cmd.index("--token-budget") + 1] == "128"
+    assert "--quantization" not in cmd  # bf16 beside llama.cpp's BF16 file
+    quantized = vs.sarathi_serve_command(9000, 128, python="py", quantized=True)
+    assert quantized[quantized.index("--quantization") + 1] == "gguf"  # the shipped file's own blocks
 
 
 def test_server_command_dispatch():
