@@ -202,28 +202,34 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void rows_chunk(
 using RowsFn = void (*)(const int32_t*, int64_t, const float*, int64_t, const uint16_t*, int64_t, int, int64_t,
                         const Weight&, int64_t, float*, int64_t, int64_t, bool);
 
-template <int SUB, bool SC, bool MIN>
-struct RowTable {
-  RowsFn fn[kMaxRows + 1][kMaxTiles + 1] = {};
-  template <int MR, int NB>
-  void put() {
-    fn[MR][NB] = &rows_chunk<MR, NB, SUB, SC, MIN>;
-  }
+// Every (rows, tiles) instantiation of a register-tile kernel, indexed at run time: fn[MR][NB]. `Kernels`
+// names the instantiation: `Kernels::at<MR, NB>()`.
+template <typename Fn, int MaxRows, typename Kernels>
+struct TileTable {
+  Fn fn[MaxRows + 1][kMaxTiles + 1] = {};
   template <int MR, int... NBs>
   void put_row(std::integer_sequence<int, NBs...>) {
-    (put<MR, NBs + 1>(), ...);
+    ((fn[MR][NBs + 1] = Kernels::template at<MR, NBs + 1>()), ...);
   }
   template <int... MRs>
   void put_all(std::integer_sequence<int, MRs...>) {
     (put_row<MRs + 1>(std::make_integer_sequence<int, kMaxTiles>{}), ...);
   }
-  RowTable() { put_all(std::make_integer_sequence<int, kMaxRows>{}); }
+  TileTable() { put_all(std::make_integer_sequence<int, MaxRows>{}); }
+};
+
+template <int SUB, bool SC, bool MIN>
+struct RowsKernels {
+  template <int MR, int NB>
+  static RowsFn at() {
+    return &rows_chunk<MR, NB, SUB, SC, MIN>;
+  }
 };
 
 template <int BITS, int SUB, bool SC, bool MIN>
 void run(const int32_t* x, int64_t m, int64_t k, const float* xsum, const Weight& w, float* y, int64_t ldy,
          int64_t n) {
-  static const RowTable<SUB, SC, MIN> table;
+  static const TileTable<RowsFn, kMaxRows, RowsKernels<SUB, SC, MIN>> table;
   uint16_t lut_values[64];
   for (int i = 0; i < 64; ++i) {
     const float v = static_cast<float>(i - w.zero);  // exact in bf16: the top 16 bits of the float
@@ -385,26 +391,16 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
 using VnniFn = void (*)(const QuantizedRows&, const Weight&, int64_t, float*, int64_t, int64_t);
 
 template <int BITS, int SUB, bool SC, bool MIN>
-struct VnniTable {
-  VnniFn fn[kVnniMaxRows + 1][kMaxTiles + 1] = {};
+struct VnniKernels {
   template <int MR, int NB>
-  void put() {
-    fn[MR][NB] = &vnni_tiles<BITS, MR, NB, SUB, SC, MIN>;
+  static VnniFn at() {
+    return &vnni_tiles<BITS, MR, NB, SUB, SC, MIN>;
   }
-  template <int MR, int... NBs>
-  void put_row(std::integer_sequence<int, NBs...>) {
-    (put<MR, NBs + 1>(), ...);
-  }
-  template <int... MRs>
-  void put_all(std::integer_sequence<int, MRs...>) {
-    (put_row<MRs + 1>(std::make_integer_sequence<int, kMaxTiles>{}), ...);
-  }
-  VnniTable() { put_all(std::make_integer_sequence<int, kVnniMaxRows>{}); }
 };
 
 template <int BITS, int SUB, bool SC, bool MIN>
 void run_vnni(const QuantizedRows& x, int64_t m, const Weight& w, float* y, int64_t ldy, int64_t n) {
-  static const VnniTable<BITS, SUB, SC, MIN> table;
+  static const TileTable<VnniFn, kVnniMaxRows, VnniKernels<BITS, SUB, SC, MIN>> table;
   const int64_t tiles = (n + kCols - 1) / kCols, tile_groups = (tiles + kMaxTiles - 1) / kMaxTiles;
   at::parallel_for(0, tile_groups, 1, [&](int64_t q0, int64_t q1) {
     for (int64_t q = q0; q < q1; ++q) {
