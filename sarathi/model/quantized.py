@@ -242,10 +242,9 @@ def pack(u: Unpacked) -> PackedQuant:
         # per code bit above the fourth, whose bit r is that bit of quad r
         low = (quads[:, :, :4] & 0x0F) | ((quads[:, :, 4:] & 0x0F) << 4)
         parts = [low.reshape(tiles, cols // GROUP, -1)]
-        weights = (1 << np.arange(GROUP // 4, dtype=np.uint16)).reshape(1, 1, -1, 1)
         for bit in range(4, fmt.bits):
-            plane = (((quads >> bit) & 1).astype(np.uint16) * weights).sum(axis=2).astype(np.uint8)
-            parts.append(plane)
+            plane = np.packbits((quads >> bit) & 1, axis=2, bitorder="little")  # 8 quads -> 1 byte
+            parts.append(plane.reshape(tiles, cols // GROUP, -1))
         packed = np.concatenate(parts, axis=-1)
 
     def tensor(a: np.ndarray | None) -> torch.Tensor:
