@@ -10,6 +10,9 @@ from collections.abc import Sequence
 
 from sarathi.core.block_hash import BlockHash
 
+#: A block-table entry a sliding-window group no longer holds: its keys fell out of every window.
+NULL_BLOCK = -1
+
 
 class BlockManagerError(RuntimeError):
     """Misuse of the block manager: allocating twice, growing without room, unknown sequence."""
@@ -18,20 +21,37 @@ class BlockManagerError(RuntimeError):
 class BlockManager:
     """Hands out KV cache blocks to sequences and takes them back.
 
-    A sequence's block table holds enough blocks for a number of tokens; tables only grow until the
-    sequence is freed. ``watermark_blocks`` blocks are kept free when admitting a new sequence (but not
-    when growing a running one), so that admissions do not immediately force running sequences to be
-    preempted.
+    A sequence reserves room for a number of tokens; reservations only grow until the sequence is freed.
+    ``watermark_blocks`` blocks are kept free when admitting a new sequence (but not when growing a
+    running one), so that admissions do not immediately force running sequences to be preempted.
+
+    The model's layers form KV-cache groups (``group_windows``: one entry per group, None for global
+    attention, else the sliding window; see ``sarathi.core.kv_groups``); each sequence has one block table
+    per group, all drawing from the one pool. A global group's table holds every block of the reservation
+    from the start. A sliding group's table is filled as tokens are scheduled (``materialize``) and drops
+    the blocks before the window of the first token being computed (they become ``NULL_BLOCK``), so it
+    holds at most ``blocks_needed(window - 1 + max_step_tokens) + 1`` blocks, where ``max_step_tokens`` is
+    the most tokens of one sequence in one step. Admission charges a sliding group that bound (its
+    quota), not the sequence's length, and keeps it promised: the free pool always covers every
+    sequence's unfilled quota, so ``materialize`` never runs out.
 
     With ``enable_caching``, a full block whose KV has been computed is registered under its chained
-    content hash (``cache_full_blocks``); a new sequence whose leading block hashes are registered shares
-    those blocks (reference counts) instead of recomputing them. A freed registered block stays free but
-    reusable until its memory is needed: free blocks without content are handed out first (last in,
-    first out, as without caching), then registered ones least recently freed first.
+    content hash (``cache_full_blocks``), per group; a new sequence whose leading block hashes are
+    registered shares those blocks (reference counts) instead of recomputing them, as far as every group
+    has what the next token needs (``prefix_hit``: a global group every block, a sliding group the blocks
+    of the window). A freed registered block stays free but reusable until its memory is needed: free
+    blocks without content are handed out first (last in, first out, as without caching), then
+    registered ones least recently freed first.
     """
 
     def __init__(
-        self, num_blocks: int, block_size: int, watermark: float = 0.01, enable_caching: bool = False
+        self,
+        num_blocks: int,
+        block_size: int,
+        watermark: float = 0.01,
+        enable_caching: bool = False,
+        group_windows: Sequence[int | None] = (None,),
+        max_step_tokens: int | None = None,
     ) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
@@ -39,11 +59,25 @@ class BlockManager:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if not 0.0 <= watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {watermark}")
+        if not group_windows or any(w is not None and w < 1 for w in group_windows):
+            raise ValueError(f"group_windows needs one entry per group, None or >= 1, got {group_windows}")
+        if max_step_tokens is not None and max_step_tokens < 1:
+            raise ValueError(f"max_step_tokens must be >= 1, got {max_step_tokens}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.watermark = watermark
         self.watermark_blocks = int(watermark * num_blocks)
         self.enable_caching = enable_caching
+        self.group_windows = tuple(group_windows)
+        self.max_step_tokens = max_step_tokens
+        self._global_groups = [g for g, w in enumerate(self.group_windows) if w is None]
+        self._sliding_groups = [g for g, w in enumerate(self.group_windows) if w is not None]
+        # Most blocks a sliding group's table holds at once (None: unbounded, no max_step_tokens).
+        self._quota_cap = {
+            g: None if max_step_tokens is None else self.blocks_needed(w - 1 + max_step_tokens) + 1
+            for g, w in enumerate(self.group_windows)
+            if w is not None
+        }
         # A stack of free blocks with no cached content: pop() takes from the end, so block 0 goes out
         # first and freed blocks come back first.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
@@ -51,13 +85,22 @@ class BlockManager:
         self._evictable: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._ref_count = [0] * num_blocks
         self._hash: list[BlockHash | None] = [None] * num_blocks
-        self._cached: dict[BlockHash, int] = {}
-        self._tables: dict[str, list[int]] = {}
-        # How many leading blocks of each table were already offered to the cache.
+        self._group: list[int] = [0] * num_blocks  # the group a block was last taken for
+        self._cached: list[dict[BlockHash, int]] = [{} for _ in self.group_windows]
+        self._tables: dict[str, list[list[int]]] = {}
+        self._reserved: dict[str, int] = {}  # tokens each sequence has room for
+        # How many leading blocks of each sequence's tables were already offered to the cache.
         self._num_registered: dict[str, int] = {}
+        # Sliding groups' promise: the sum of their quotas minus the blocks they hold (each counted once).
+        self._sliding_quota = 0
+        self._sliding_held = 0
         self.num_evictions = 0  # cached blocks whose content was dropped to make room
 
     # --- sizes -------------------------------------------------------------------------------------------
+    @property
+    def num_groups(self) -> int:
+        return len(self.group_windows)
+
     @property
     def num_free_blocks(self) -> int:
         """Blocks no sequence holds, cached content or not."""
@@ -68,9 +111,14 @@ class BlockManager:
         return self.num_blocks - self.num_free_blocks
 
     @property
+    def num_available_blocks(self) -> int:
+        """Free blocks not promised to running sequences' sliding-window groups."""
+        return self.num_free_blocks - (self._sliding_quota - self._sliding_held)
+
+    @property
     def num_cached_blocks(self) -> int:
         """Blocks registered in the prefix cache (held by sequences or free)."""
-        return len(self._cached)
+        return sum(len(c) for c in self._cached)
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold ``num_tokens`` tokens."""
@@ -78,21 +126,69 @@ class BlockManager:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         return -(-num_tokens // self.block_size)
 
+    def blocks_charged(self, num_tokens: int) -> int:
+        """Blocks a reservation of ``num_tokens`` tokens charges the pool, over all groups."""
+        n = self.blocks_needed(num_tokens)
+        return n * len(self._global_groups) + sum(self._quota(g, n) for g in self._sliding_groups)
+
     def fits_in_empty_cache(self, num_tokens: int) -> bool:
         """Whether a sequence of ``num_tokens`` tokens could be admitted into an otherwise empty cache."""
-        return self.blocks_needed(num_tokens) <= self.num_blocks - self.watermark_blocks
+        return self.blocks_charged(num_tokens) <= self.num_blocks - self.watermark_blocks
+
+    def max_tokens_in_empty_cache(self, limit: int) -> int:
+        """The longest sequence (at most ``limit`` tokens) an otherwise empty cache admits."""
+        if self.fits_in_empty_cache(limit):
+            return limit
+        lo, hi = 0, limit  # fits(lo), not fits(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.fits_in_empty_cache(mid) else (lo, mid)
+        return lo
 
     # --- the prefix cache --------------------------------------------------------------------------------
-    def cached_prefix(self, block_hashes: Sequence[BlockHash]) -> list[int]:
-        """Block ids of the longest leading run of ``block_hashes`` found in the cache (none if disabled)."""
+    def cached_prefix(self, block_hashes: Sequence[BlockHash], group: int = 0) -> list[int]:
+        """Block ids of group ``group``'s longest leading run of ``block_hashes`` found in the cache (none if
+        disabled)."""
         blocks: list[int] = []
         if self.enable_caching:
+            cached = self._cached[group]
             for h in block_hashes:
-                block = self._cached.get(h)
+                block = cached.get(h)
                 if block is None:
                     break
                 blocks.append(block)
         return blocks
+
+    def prefix_hit(self, block_hashes: Sequence[BlockHash]) -> int:
+        """How many leading blocks of ``block_hashes`` a new sequence can take from the cache: every global
+        group has all of them, every sliding group the blocks the next token's window reaches."""
+        if not self.enable_caching or not block_hashes:
+            return 0
+        hit = len(block_hashes)
+        for g in self._global_groups:
+            hit = min(hit, len(self.cached_prefix(block_hashes[:hit], g)))
+        for g in self._sliding_groups:
+            hit = self._sliding_hit(g, block_hashes, hit)
+        return hit
+
+    def _sliding_hit(self, group: int, block_hashes: Sequence[BlockHash], most: int) -> int:
+        """The largest k <= ``most`` whose window blocks (those of keys k * bs - window + 1 .. k * bs - 1)
+        are all cached in sliding group ``group``."""
+        cached = self._cached[group]
+        k = most
+        while k > 0:  # scan back from the longest candidate: usually only its window is looked at
+            live = self._first_live_block(group, k * self.block_size)
+            j = k - 1
+            while j >= live and block_hashes[j] in cached:
+                j -= 1
+            if j < live:
+                return k
+            k = j  # block j is missing: a usable prefix ends at or before it
+        return 0
+
+    def _first_live_block(self, group: int, position: int) -> int:
+        """The first block a sliding group needs when the token at ``position`` is the next computed."""
+        return max(0, position - self.group_windows[group] + 1) // self.block_size
 
     def cache_full_blocks(self, seq_id: str, block_hashes: Sequence[BlockHash], num_computed: int) -> None:
         """Register ``seq_id``'s full blocks whose KV is computed (its first ``num_computed`` tokens).
@@ -102,14 +198,16 @@ class BlockManager:
         """
         if not self.enable_caching:
             return
-        table = self._table(seq_id)
+        tables = self._tables_of(seq_id)
         start = self._num_registered.get(seq_id, 0)
-        end = min(num_computed // self.block_size, len(block_hashes), len(table))
-        for i in range(start, end):
-            block, h = table[i], block_hashes[i]
-            if self._hash[block] is None and h not in self._cached:
-                self._hash[block] = h
-                self._cached[h] = block
+        end = min(num_computed // self.block_size, len(block_hashes))
+        for g, table in enumerate(tables):
+            cached = self._cached[g]
+            for i in range(start, min(end, len(table))):
+                block, h = table[i], block_hashes[i]
+                if block != NULL_BLOCK and self._hash[block] is None and h not in cached:
+                    self._hash[block] = h
+                    cached[h] = block
         self._num_registered[seq_id] = max(start, end)
 
     def reset_prefix_cache(self) -> None:
@@ -124,91 +222,141 @@ class BlockManager:
         Cached blocks it would share (the leading run of ``block_hashes``) are not new memory; those
         that are free still leave the free pool.
         """
-        return self._blocks_to_take(num_tokens, self.cached_prefix(block_hashes)) <= (
-            self.num_free_blocks - self.watermark_blocks
-        )
+        cost = self._allocation_cost(num_tokens, self.prefix_hit(block_hashes), block_hashes)
+        return cost <= self.num_available_blocks - self.watermark_blocks
 
     def allocate(self, seq_id: str, num_tokens: int, block_hashes: Sequence[BlockHash] = ()) -> int:
-        """Give a new sequence a block table with room for ``num_tokens`` tokens; return how many leading
-        blocks it shares from the cache (their KV is already computed)."""
+        """Give a new sequence room for ``num_tokens`` tokens; return how many leading blocks it shares from
+        the cache (their KV is already computed)."""
         if seq_id in self._tables:
             raise BlockManagerError(f"sequence {seq_id!r} already owns blocks; free it before allocating")
-        hits = self.cached_prefix(block_hashes)
-        needed = self._blocks_to_take(num_tokens, hits)
-        if needed > self.num_free_blocks - self.watermark_blocks:
+        needed = self.blocks_needed(num_tokens)
+        hit = min(self.prefix_hit(block_hashes), needed)
+        cost = self._allocation_cost(num_tokens, hit, block_hashes)
+        if cost > self.num_available_blocks - self.watermark_blocks:
             raise BlockManagerError(
-                f"cannot allocate {needed} blocks for {seq_id!r}: "
-                f"{self.num_free_blocks} free, {self.watermark_blocks} kept as watermark"
+                f"cannot allocate {cost} blocks for {seq_id!r}: {self.num_available_blocks} available, "
+                f"{self.watermark_blocks} kept as watermark"
             )
-        hits = hits[: self.blocks_needed(num_tokens)]
-        for block in hits:  # before _take, which could otherwise evict them
-            if self._ref_count[block] == 0:
-                del self._evictable[block]
-            self._ref_count[block] += 1
-        self._tables[seq_id] = hits + self._take(self.blocks_needed(num_tokens) - len(hits))
-        self._num_registered[seq_id] = len(hits)
-        return len(hits)
+        tables: list[list[int]] = []
+        for g, window in enumerate(self.group_windows):
+            if window is None:
+                table = self.cached_prefix(block_hashes[:hit], g)
+            else:
+                live = self._first_live_block(g, hit * self.block_size)
+                table = [NULL_BLOCK] * live + self.cached_prefix(block_hashes[:hit], g)[live:]
+                self._sliding_quota += self._quota(g, needed)
+            for block in table:  # before any _take, which could otherwise evict them
+                if block != NULL_BLOCK:
+                    self._hold(block, window is not None)
+            tables.append(table)
+        for g in self._global_groups:
+            tables[g] += self._take(needed - hit, g)
+        self._tables[seq_id] = tables
+        self._reserved[seq_id] = num_tokens
+        self._num_registered[seq_id] = hit
+        return hit
 
     # --- running sequences -------------------------------------------------------------------------------
     def can_append_slots(self, seq_id: str, num_tokens: int) -> bool:
-        """Whether ``seq_id``'s table can grow to hold ``num_tokens`` tokens in total (ignores watermark)."""
-        return self._missing_blocks(seq_id, num_tokens) <= self.num_free_blocks
+        """Whether ``seq_id`` can grow to hold ``num_tokens`` tokens in total (ignores watermark)."""
+        return self._growth_cost(seq_id, num_tokens) <= self.num_available_blocks
 
     def try_append_slots(self, seq_id: str, num_tokens: int) -> bool:
         """``append_slots`` if there is room (True), else nothing (False): one check on the hot path."""
-        missing = self._missing_blocks(seq_id, num_tokens)
-        if missing == 0:
+        cost = self._growth_cost(seq_id, num_tokens)
+        if cost == 0:
+            self._grow(seq_id, num_tokens)
             return True
-        if missing > self.num_free_blocks:
+        if cost > self.num_available_blocks:
             return False
-        self._tables[seq_id].extend(self._take(missing))
+        self._grow(seq_id, num_tokens)
         return True
 
     def append_slots(self, seq_id: str, num_tokens: int) -> None:
-        """Grow ``seq_id``'s table to hold ``num_tokens`` tokens in total; a no-op if it already does."""
-        missing = self._missing_blocks(seq_id, num_tokens)
-        if missing == 0:
-            return
-        if missing > self.num_free_blocks:
+        """Grow ``seq_id`` to hold ``num_tokens`` tokens in total; a no-op if it already does."""
+        cost = self._growth_cost(seq_id, num_tokens)
+        if cost > self.num_available_blocks:
             raise BlockManagerError(
-                f"cannot grow {seq_id!r} to {num_tokens} tokens: needs {missing} more blocks, "
-                f"{self.num_free_blocks} free"
+                f"cannot grow {seq_id!r} to {num_tokens} tokens: needs {cost} more blocks, "
+                f"{self.num_available_blocks} available"
             )
-        self._tables[seq_id].extend(self._take(missing))
+        self._grow(seq_id, num_tokens)
+
+    def materialize(self, seq_id: str, start: int, end: int) -> None:
+        """Tokens [start, end) of ``seq_id`` are about to be computed: sliding groups drop the blocks before
+        the window of token ``start`` and take blocks (from their promised quota) up to token ``end``.
+
+        A no-op without sliding groups: global groups hold their whole reservation already.
+        """
+        if not self._sliding_groups:
+            return
+        tables = self._tables_of(seq_id)
+        if end > self._reserved[seq_id] or start > end:
+            raise BlockManagerError(
+                f"{seq_id!r}: tokens [{start}, {end}) are outside its reservation of {self._reserved[seq_id]}"
+            )
+        if self.max_step_tokens is not None and end - start > self.max_step_tokens:
+            raise BlockManagerError(
+                f"{seq_id!r}: {end - start} tokens in one step, "
+                f"more than max_step_tokens={self.max_step_tokens}"
+            )
+        needed = self.blocks_needed(end)
+        for g in self._sliding_groups:
+            table = tables[g]
+            for i in range(min(self._first_live_block(g, start), len(table)) - 1, -1, -1):
+                if table[i] == NULL_BLOCK:
+                    break  # everything before was dropped earlier
+                self._release(table[i])
+                table[i] = NULL_BLOCK
+            if needed > len(table):
+                table += self._take(needed - len(table), g)
 
     def free(self, seq_id: str) -> None:
         """Drop ``seq_id``'s hold on its blocks; a no-op if it owns none.
 
         Blocks no other sequence holds become free: cached ones stay reusable until evicted.
         """
-        table = self._tables.pop(seq_id, None)
+        tables = self._tables.pop(seq_id, None)
+        reserved = self._reserved.pop(seq_id, 0)
         self._num_registered.pop(seq_id, None)
+        if tables is None:
+            return
+        needed = self.blocks_needed(reserved)
+        for g in self._sliding_groups:
+            self._sliding_quota -= self._quota(g, needed)
         # Reversed: the table's first uncached block is the next one handed out, and its last cached
         # block (the least likely to be shared: a longer prefix) is evicted before its first.
-        for block in reversed(table or ()):
-            self._ref_count[block] -= 1
-            if self._ref_count[block] == 0:
-                if self._hash[block] is None:
-                    self._free.append(block)
-                else:
-                    self._evictable[block] = None
+        for table in tables:
+            for block in reversed(table):
+                if block != NULL_BLOCK:
+                    self._release(block)
 
     # --- inspection --------------------------------------------------------------------------------------
-    def block_table(self, seq_id: str) -> list[int]:
-        """A copy of ``seq_id``'s block ids, in token order."""
-        return list(self._table(seq_id))
+    def block_table(self, seq_id: str, group: int = 0) -> list[int]:
+        """A copy of ``seq_id``'s block ids in group ``group``, in token order."""
+        return list(self._tables_of(seq_id)[group])
 
-    def block_table_view(self, seq_id: str) -> Sequence[int]:
-        """``seq_id``'s block ids without a copy (read only; valid until the table next changes)."""
-        return self._table(seq_id)
+    def block_table_view(self, seq_id: str, group: int = 0) -> Sequence[int]:
+        """``seq_id``'s block ids in group ``group`` without a copy (read only; valid until the table next
+        changes)."""
+        return self._tables_of(seq_id)[group]
+
+    def block_tables_view(self, seq_id: str) -> Sequence[Sequence[int]]:
+        """``seq_id``'s block table of every group, without copies (read only)."""
+        return self._tables_of(seq_id)
+
+    def num_held_blocks(self, seq_id: str) -> int:
+        """Blocks ``seq_id``'s tables hold over all groups (shared ones included)."""
+        return sum(len(t) - t.count(NULL_BLOCK) for t in self._tables_of(seq_id))
 
     def has_blocks(self, seq_id: str) -> bool:
         """Whether ``seq_id`` has a block table (it was allocated and not freed)."""
         return seq_id in self._tables
 
     def num_slots(self, seq_id: str) -> int:
-        """How many tokens ``seq_id``'s table can hold (0 for a sequence without a table)."""
-        return len(self._tables.get(seq_id, ())) * self.block_size
+        """How many tokens ``seq_id`` has room for (0 for a sequence without a table)."""
+        return self.blocks_needed(self._reserved.get(seq_id, 0)) * self.block_size
 
     @property
     def seq_ids(self) -> list[str]:
@@ -229,22 +377,73 @@ class BlockManager:
         return self._hash[block]
 
     # --- internals ---------------------------------------------------------------------------------------
-    def _table(self, seq_id: str) -> list[int]:
+    def _tables_of(self, seq_id: str) -> list[list[int]]:
         try:
             return self._tables[seq_id]
         except KeyError:
             raise BlockManagerError(f"sequence {seq_id!r} owns no blocks") from None
 
-    def _missing_blocks(self, seq_id: str, num_tokens: int) -> int:
-        return max(0, self.blocks_needed(num_tokens) - len(self._table(seq_id)))
+    def _quota(self, group: int, num_blocks: int) -> int:
+        """Blocks a sliding group's table may hold at once for a reservation of ``num_blocks`` blocks."""
+        cap = self._quota_cap[group]
+        return num_blocks if cap is None else min(num_blocks, cap)
 
-    def _blocks_to_take(self, num_tokens: int, hits: list[int]) -> int:
-        """Free blocks an allocation takes: new ones, plus cached hits that are currently free."""
-        hits = hits[: self.blocks_needed(num_tokens)]
-        revived = sum(1 for b in hits if self._ref_count[b] == 0)
-        return self.blocks_needed(num_tokens) - len(hits) + revived
+    def _allocation_cost(self, num_tokens: int, hit: int, block_hashes: Sequence[BlockHash]) -> int:
+        """Free blocks an allocation takes or promises: global groups' new blocks and revived cached hits,
+        sliding groups' quotas (their cached hits are part of the quota)."""
+        needed = self.blocks_needed(num_tokens)
+        hit = min(hit, needed)
+        cost = 0
+        for g in self._global_groups:
+            hits = self.cached_prefix(block_hashes[:hit], g) if hit else []
+            revived = sum(1 for b in hits if self._ref_count[b] == 0)
+            cost += needed - hit + revived
+        return cost + sum(self._quota(g, needed) for g in self._sliding_groups)
 
-    def _take(self, n: int) -> list[int]:
+    def _growth_cost(self, seq_id: str, num_tokens: int) -> int:
+        tables = self._tables_of(seq_id)
+        old, new = self.blocks_needed(self._reserved[seq_id]), self.blocks_needed(num_tokens)
+        if new <= old:
+            return 0
+        cost = sum(new - len(tables[g]) for g in self._global_groups)
+        return cost + sum(self._quota(g, new) - self._quota(g, old) for g in self._sliding_groups)
+
+    def _grow(self, seq_id: str, num_tokens: int) -> None:
+        old = self.blocks_needed(self._reserved[seq_id])
+        if num_tokens <= self._reserved[seq_id]:
+            return
+        new = self.blocks_needed(num_tokens)
+        tables = self._tables[seq_id]
+        for g in self._global_groups:
+            tables[g] += self._take(new - len(tables[g]), g)
+        for g in self._sliding_groups:
+            self._sliding_quota += self._quota(g, new) - self._quota(g, old)
+        self._reserved[seq_id] = num_tokens
+
+    def _hold(self, block: int, sliding: bool) -> None:
+        """One more table holds ``block`` (a cached hit)."""
+        if self._ref_count[block] == 0:
+            del self._evictable[block]
+            if sliding:
+                self._sliding_held += 1
+        self._ref_count[block] += 1
+
+    def _release(self, block: int) -> None:
+        """One table fewer holds ``block``: it becomes free (reusable if cached) when none does."""
+        self._ref_count[block] -= 1
+        if self._ref_count[block] == 0:
+            if self.group_windows[self._group[block]] is not None:
+                self._sliding_held -= 1
+            if self._hash[block] is None:
+                self._free.append(block)
+            else:
+                self._evictable[block] = None
+
+    def _take(self, n: int, group: int) -> list[int]:
+        if n <= 0:
+            return []
+        if n > self.num_free_blocks:
+            raise BlockManagerError(f"out of KV blocks: need {n}, {self.num_free_blocks} free")
         from_free = min(n, len(self._free))
         taken = self._free[len(self._free) - from_free :]
         del self._free[len(self._free) - from_free :]
@@ -252,12 +451,15 @@ class BlockManager:
         taken += [self._evict() for _ in range(n - from_free)]
         for block in taken:
             self._ref_count[block] = 1
+            self._group[block] = group
+        if self.group_windows[group] is not None:
+            self._sliding_held += n
         return taken
 
     def _evict(self) -> int:
         """Take the least recently freed cached block out of the cache."""
         block, _ = self._evictable.popitem(last=False)
-        del self._cached[self._hash[block]]
+        del self._cached[self._group[block]][self._hash[block]]
         self._hash[block] = None
         self.num_evictions += 1
         return block

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from sarathi.config import EngineConfig
 from sarathi.core.batch import Batch
 from sarathi.core.block_manager import BlockManager
-from sarathi.core.schedulers import make_scheduler
+from sarathi.core.schedulers import make_scheduler, max_step_tokens
 from sarathi.core.schedulers.base import BudgetController
 from sarathi.core.sequence import Sequence, SequenceStatus
 from sarathi.engine.core_messages import EngineSnapshot
@@ -81,7 +81,12 @@ class LLMEngine:
         self.num_kv_blocks = num_kv_blocks
         self.eos_token_ids = model.eos_token_ids
         self.block_manager = BlockManager(
-            num_kv_blocks, cc.block_size, cc.watermark, enable_caching=cc.enable_prefix_caching
+            num_kv_blocks,
+            cc.block_size,
+            cc.watermark,
+            enable_caching=cc.enable_prefix_caching,
+            group_windows=model.kv_group_windows,
+            max_step_tokens=max_step_tokens(config.scheduler),
         )
         self.max_model_len = self._resolve_max_model_len()
         self.scheduler = make_scheduler(config.scheduler, self.block_manager, self.max_model_len)
@@ -107,7 +112,7 @@ class LLMEngine:
         if asked is not None and asked > limit:
             raise ValueError(f"max_model_len {asked} exceeds the model's max_position_embeddings {limit}")
         bm = self.block_manager
-        capacity = (bm.num_blocks - bm.watermark_blocks) * bm.block_size
+        capacity = bm.max_tokens_in_empty_cache(limit)
         if asked is None:
             if capacity < limit:
                 logger.warning(

@@ -13,3 +13,5 @@ class ModelInfo:
     max_position_embeddings: int
     eos_token_ids: tuple[int, ...]
     tokenizer_dir: str | None = None
+    #: The sliding window of each KV-cache group (None: global attention); see ``sarathi.core.kv_groups``.
+    kv_group_windows: tuple[int | None, ...] = (None,)

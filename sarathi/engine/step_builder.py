@@ -18,7 +18,7 @@ from sarathi.structured_output import StructuredOutput
 @dataclass
 class _Sent:
     num_output_tokens: int
-    num_block_ids: int
+    num_block_ids: list[int]  # per KV-cache group
 
 
 class StepBuilder:
@@ -50,7 +50,7 @@ class StepBuilder:
         new_requests, scheduled = [], []
         for entry in batch.entries:
             seq = entry.seq
-            table = self.block_manager.block_table_view(seq.seq_id)
+            tables = self.block_manager.block_tables_view(seq.seq_id)
             sent = self._sent.get(seq.seq_id)
             if sent is None:
                 new_requests.append(
@@ -59,16 +59,16 @@ class StepBuilder:
                         list(seq.prompt_token_ids),
                         list(seq.output_token_ids),
                         seq.sampling_params,
-                        list(table),
+                        [list(t) for t in tables],
                     )
                 )
-                sent = self._sent[seq.seq_id] = _Sent(seq.num_output_tokens, len(table))
+                sent = self._sent[seq.seq_id] = _Sent(seq.num_output_tokens, [len(t) for t in tables])
                 self._prepared.discard(seq.seq_id)
-                new_tokens, new_blocks = [], []
+                new_tokens, new_blocks = [], [[] for _ in tables]
             else:
                 new_tokens = seq.output_token_ids[sent.num_output_tokens :]
-                new_blocks = table[sent.num_block_ids :]
-                sent.num_output_tokens, sent.num_block_ids = seq.num_output_tokens, len(table)
+                new_blocks = [list(t[n:]) for t, n in zip(tables, sent.num_block_ids, strict=True)]
+                sent.num_output_tokens, sent.num_block_ids = seq.num_output_tokens, [len(t) for t in tables]
             scheduled.append(
                 ScheduledRequest(
                     seq.seq_id,
@@ -76,7 +76,7 @@ class StepBuilder:
                     entry.num_tokens,
                     entry.samples,
                     list(new_tokens),
-                    list(new_blocks),
+                    new_blocks,
                 )
             )
         freed, self._freed = self._freed, []

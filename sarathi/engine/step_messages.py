@@ -23,7 +23,7 @@ class NewRequest:
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     sampling_params: SamplingParams
-    block_ids: list[int]
+    block_ids: list[list[int]]  # per KV-cache group; NULL_BLOCK (-1) where a sliding group dropped one
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class ScheduledRequest:
     """``num_tokens`` tokens of a request from position ``start``; ``samples``: produce its next token.
 
     ``new_token_ids`` are output tokens sampled since the workers last saw the request and
-    ``new_block_ids`` blocks appended to its table since then.
+    ``new_block_ids`` blocks appended to its table of each KV-cache group since then.
     """
 
     request_id: str
@@ -39,7 +39,7 @@ class ScheduledRequest:
     num_tokens: int
     samples: bool
     new_token_ids: list[int] = field(default_factory=list)
-    new_block_ids: list[int] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

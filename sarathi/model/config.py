@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sarathi.core.kv_groups import KVCacheGroup, kv_cache_groups
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
 _HF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -132,6 +134,13 @@ class ModelArchConfig:
     def is_sliding(self, layer: int) -> bool:
         """Whether layer `layer` (HF index) attends over a sliding window."""
         return bool(self.layer_types) and self.layer_types[layer] == SLIDING
+
+    @property
+    def kv_cache_groups(self) -> tuple[KVCacheGroup, ...]:
+        """The layers' KV-cache groups: one per kind and share of layers (see ``sarathi.core.kv_groups``)."""
+        return kv_cache_groups(
+            [self.sliding_window if self.is_sliding(i) else None for i in range(self.num_hidden_layers)]
+        )
 
     @property
     def has_sliding_layers(self) -> bool:

@@ -15,12 +15,14 @@ qkv and gate/up, row-parallel o and down followed by a float32 all-reduce).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sarathi.core.kv_groups import layer_slots
 from sarathi.model import kernels
 from sarathi.model.attention import AttentionMetadata
 from sarathi.model.config import ModelArchConfig
@@ -258,7 +260,8 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(
             DecoderLayer(arch, dtypes, device, shard, tp) for _ in range(self.first_layer, end_layer)
         )
-        self.sliding = [arch.is_sliding(i) for i in range(self.first_layer, end_layer)]
+        self.kv_groups = arch.kv_cache_groups
+        self.layer_group = layer_slots(self.kv_groups, self.first_layer, end_layer).group_of
         self.norm: RMSNorm | None = None
         self.lm_head: Linear | None = None
         if shard.is_last_stage:
@@ -280,7 +283,7 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        metadata: AttentionMetadata,
+        metadata: AttentionMetadata | Sequence[AttentionMetadata],
         kv_caches: KVCache,
         logits_indices: torch.Tensor,
         hidden_states: torch.Tensor | None = None,
@@ -291,6 +294,9 @@ class LlamaForCausalLM(nn.Module):
         the previous stage's output). The last stage returns float32 logits [K, vocab] for the rows in
         `logits_indices` (only those go through the final norm and the LM head); other stages return the
         float32 hidden states [T, hidden], the same on every TP rank.
+
+        `metadata` is one per KV-cache group (the engine's shared-page layout), or one for all layers when
+        every layer has its own pools (`allocate_kv_cache` without `shared_pages`).
         """
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"expected {len(self.layers)} kv cache layers, got {len(kv_caches)}")
@@ -304,14 +310,20 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"pipeline stage {self.shard.pp_rank} needs the previous stage's hidden_states")
         else:
             h = hidden_states.clone()  # layers may update the residual stream in place
-        global_inputs = local_inputs = None
-        if not all(self.sliding):
-            global_inputs = self._layer_inputs(positions, self.inv_freq, metadata, kv_caches)
-        if any(self.sliding):
-            local_meta = metadata.windowed(self.arch.sliding_window)
-            local_inputs = self._layer_inputs(positions, self.local_inv_freq, local_meta, kv_caches)
-        for layer, kv, sliding in zip(self.layers, kv_caches, self.sliding, strict=True):
-            h = layer(h, local_inputs if sliding else global_inputs, kv)
+        rotations: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}  # per kind: sliding or global
+        inputs: dict[int, LayerInputs] = {}
+        for g in dict.fromkeys(self.layer_group):
+            window = self.kv_groups[g].window
+            meta = metadata if isinstance(metadata, AttentionMetadata) else metadata[g]
+            if window is not None:
+                meta = meta.windowed(window)
+            sliding = window is not None
+            if sliding not in rotations:
+                inv_freq = self.local_inv_freq if sliding else self.inv_freq
+                rotations[sliding] = rope_cos_sin(positions, inv_freq)
+            inputs[g] = self._layer_inputs(*rotations[sliding], meta, kv_caches)
+        for layer, kv, g in zip(self.layers, kv_caches, self.layer_group, strict=True):
+            h = layer(h, inputs[g], kv)
         if self.lm_head is None:
             return h
         h = self.norm(h.index_select(0, logits_indices))
@@ -320,9 +332,8 @@ class LlamaForCausalLM(nn.Module):
         return logits if not cap else torch.tanh(logits / cap) * cap
 
     def _layer_inputs(
-        self, positions: torch.Tensor, inv_freq: torch.Tensor, meta: AttentionMetadata, kv_caches: KVCache
+        self, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata, kv_caches: KVCache
     ) -> LayerInputs:
-        cos, sin = rope_cos_sin(positions, inv_freq)
         return LayerInputs(
             cos,
             sin,

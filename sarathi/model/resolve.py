@@ -84,4 +84,5 @@ def model_info(resolved: ResolvedModel, tokenizer: Tokenizer | None) -> ModelInf
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     eos_ids = tuple(dict.fromkeys(int(i) for i in ids))
-    return ModelInfo(arch.vocab_size, arch.max_position_embeddings, eos_ids, folder)
+    windows = tuple(g.window for g in arch.kv_cache_groups)
+    return ModelInfo(arch.vocab_size, arch.max_position_embeddings, eos_ids, folder, windows)

@@ -13,12 +13,13 @@ from sarathi.model.attention import AttentionMetadata
 
 @dataclass
 class RequestState:
-    """A worker's own copy of one request: every token it knows and its KV block table."""
+    """A worker's own copy of one request: every token it knows and its KV block table of each group
+    (entries a sliding-window group dropped are never read again; they stay as they were sent)."""
 
     token_ids: list[int]
     num_output_tokens: int
     sampling_params: object
-    block_ids: list[int]
+    block_ids: list[list[int]]
     num_prompt_tokens: int = 0
 
 
@@ -35,12 +36,12 @@ class PromptRows:
 
 @dataclass(frozen=True)
 class ModelInputs:
-    """The flattened batch: token ids, positions, attention metadata and the rows that need logits (the
-    sampling rows first, in order, then the ``prompt_rows``)."""
+    """The flattened batch: token ids, positions, attention metadata (one per KV-cache group) and the rows
+    that need logits (the sampling rows first, in order, then the ``prompt_rows``)."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
-    metadata: AttentionMetadata
+    metadata: tuple[AttentionMetadata, ...]
     logits_indices: torch.Tensor
     num_sampling_rows: int = 0
     prompt_rows: tuple[PromptRows, ...] = ()
@@ -69,7 +70,7 @@ class ModelRunner:
         """Flatten the step (no padding between requests) and map every new token to its KV slot."""
         input_ids: list[int] = []
         positions: list[int] = []
-        slices: list[SeqSlice] = []
+        starts: list[tuple[RequestState, int, int]] = []
         logits_indices: list[int] = []
         prompt_rows: list[PromptRows] = []
         prompt_indices: list[int] = []
@@ -84,7 +85,7 @@ class ModelRunner:
             first_row = len(input_ids)
             input_ids.extend(state.token_ids[s.start : end])
             positions.extend(range(s.start, end))
-            slices.append(SeqSlice(state.block_ids, s.start, s.num_tokens))
+            starts.append((state, s.start, s.num_tokens))
             if s.samples:
                 logits_indices.append(len(input_ids) - 1)
             top_k = getattr(state.sampling_params, "prompt_logprobs", None)
@@ -94,7 +95,14 @@ class ModelRunner:
                 next_ids = state.token_ids[s.start + 1 : scored_end + 1]
                 prompt_rows.append(PromptRows(s.request_id, s.start + 1, next_ids, top_k))
                 prompt_indices.extend(range(first_row, first_row + len(next_ids)))
-        metadata = build_attention_metadata(slices, self.block_size, device=self.device)
+        metadata = tuple(
+            build_attention_metadata(
+                [SeqSlice(state.block_ids[g], start, n) for state, start, n in starts],
+                self.block_size,
+                device=self.device,
+            )
+            for g in range(len(starts[0][0].block_ids))
+        )
         return ModelInputs(
             torch.tensor(input_ids, dtype=torch.long, device=self.device),
             torch.tensor(positions, dtype=torch.long, device=self.device),

@@ -54,7 +54,9 @@ class Worker:
             tp_group=self.context.tp_group,
         )
         block_size = config.cache.block_size
-        self.kv_caches = allocate_kv_cache(self.arch, num_kv_blocks, block_size, self.dtype, device, shard)
+        self.kv_caches = allocate_kv_cache(
+            self.arch, num_kv_blocks, block_size, self.dtype, device, shard, shared_pages=True
+        )
         self.runner = ModelRunner(self.model, self.kv_caches, block_size, device)
         self.sampler = make_sampler(mc.seed, eos_token_ids) if shard.is_last_stage else None
         self.grammars = (
@@ -115,7 +117,7 @@ class Worker:
                 r.prompt_token_ids + r.output_token_ids,
                 len(r.output_token_ids),
                 r.sampling_params,
-                r.block_ids,
+                [_readable(t) for t in r.block_ids],
                 len(r.prompt_token_ids),
             )
             if self.grammars is not None and r.sampling_params.structured_output is not None:
@@ -124,4 +126,12 @@ class Worker:
             state = self.requests[s.request_id]
             state.token_ids.extend(s.new_token_ids)
             state.num_output_tokens += len(s.new_token_ids)
-            state.block_ids.extend(s.new_block_ids)
+            if s.new_block_ids:  # else nothing new in any group
+                for table, new in zip(state.block_ids, s.new_block_ids, strict=True):
+                    table.extend(_readable(new))
+
+
+def _readable(block_ids: list[int]) -> list[int]:
+    """A table whose dropped entries (NULL_BLOCK, outside every window) point at block 0: attention never
+    reads them, but index tensors must hold valid block ids."""
+    return [max(b, 0) for b in block_ids]

@@ -26,13 +26,16 @@ MAX_TOKENS = 24
 NEAR_TIE = 1e-4
 BF16_NEAR_TIE = 0.25  # as for SmolLM2: bf16 moves a logit by ~1e-2 of the logits' scale
 PARAMS = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-# Each budget, caching on and off, and a cache of 88 blocks (1,408 tokens) for 8 prompts of ~650 tokens: two
-# prompts fit, their decodes do not (measured: one preemption).
+# Each budget, caching on and off, and a small cache for 8 prompts of ~650 tokens. Blocks are pages of three
+# layers' KV (six KV-cache groups: one global, five sliding); under budget 512 a sliding group's quota is
+# not capped below these prompts' length, so a sequence of b blocks is charged 6b pages (less the global
+# prefix it shares): 452 pages admit the first two prompts (234 + 209 pages), and their decodes, growing
+# by 6 pages a block, do not fit.
 CONFIGS = {
     "budget16-nocache": dict(token_budget=16, enable_prefix_caching=False),
     "budget64-cache": dict(token_budget=64, enable_prefix_caching=True),
     "budget512-cache": dict(token_budget=512, enable_prefix_caching=True),
-    "budget64-cache-preempt": dict(token_budget=64, enable_prefix_caching=True, num_kv_blocks=88),
+    "budget512-cache-preempt": dict(token_budget=512, enable_prefix_caching=True, num_kv_blocks=452),
 }
 
 
@@ -124,8 +127,11 @@ def test_gemma3_greedy_equals_transformers(name, prompts, reference, gemma_path)
         used_blocks = llm.engine.block_manager.num_used_blocks
     _check_same(prompts, reference, [o.token_ids for o in outs], gemma_path, name)
     assert max(s.num_tokens for s in stats) <= config["token_budget"]
-    if config["enable_prefix_caching"]:
-        assert sum(s.prefix_cache_hits for s in stats) >= 3 * 400 - 16
+    hits = sum(s.prefix_cache_hits for s in stats)
+    if name.endswith("preempt"):  # sliding groups free the prefix early and the small pool evicts it
+        assert hits >= 400 - 16
+    elif config["enable_prefix_caching"]:
+        assert hits >= 3 * 400 - 16
     if name.endswith("preempt"):
         assert sum(s.num_preempted for s in stats) > 0, "the small KV cache should have forced preemptions"
     assert used_blocks == 0

@@ -28,6 +28,14 @@ def make_scheduler(config: SchedulerConfig, block_manager: BlockManager, max_mod
     return cls(config, block_manager, max_model_len)
 
 
+def max_step_tokens(config: SchedulerConfig) -> int | None:
+    """The most tokens of one sequence in one step under ``config``: the token budget for the chunking
+    policies, ``max_num_batched_tokens`` for the others (None: a whole prompt, unbounded)."""
+    if SCHEDULERS[config.name].chunked_prefills:
+        return config.token_budget
+    return config.max_num_batched_tokens
+
+
 __all__ = [
     "SCHEDULERS",
     "FasterTransformerScheduler",
@@ -37,4 +45,5 @@ __all__ = [
     "SimpleChunkingScheduler",
     "VLLMScheduler",
     "make_scheduler",
+    "max_step_tokens",
 ]

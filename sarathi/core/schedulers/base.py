@@ -149,6 +149,7 @@ class Scheduler(ABC):
             self.iteration_budget = max(1, min(budget, self.config.token_budget))
         self._schedule(batch)
         for entry in batch:
+            self.block_manager.materialize(entry.seq.seq_id, entry.start, entry.start + entry.num_tokens)
             entry.seq.mark_scheduled(now)
             self._in_flight.add(entry.seq)
         if not batch.is_empty:
@@ -247,7 +248,7 @@ class Scheduler(ABC):
     def _num_cached_tokens(self, seq: Sequence) -> int:
         """Tokens of a waiting ``seq`` that admitting it now would find in the prefix cache."""
         bm = self.block_manager
-        return len(bm.cached_prefix(self._reusable_hashes(seq))) * bm.block_size
+        return bm.prefix_hit(self._reusable_hashes(seq)) * bm.block_size
 
     def _can_admit(self, seq: Sequence, reserve_tokens: int) -> bool:
         return len(self.running) < self.max_running and self.block_manager.can_allocate(
