@@ -99,8 +99,8 @@ def check_point(engine: LLMEngine, point: GridPoint) -> None:
     if longest > engine.max_model_len:
         raise ValueError(f"{point}: needs {longest} positions, max_model_len is {engine.max_model_len}")
     bm = engine.block_manager
-    needed = d * bm.blocks_needed(c + 1) + (bm.blocks_needed(c + p) if p else 0)
-    available = bm.num_free_blocks - bm.watermark_blocks
+    needed = d * bm.blocks_charged(c + 1) + (bm.blocks_charged(c + p) if p else 0)
+    available = bm.num_available_blocks - bm.watermark_blocks
     if needed > available:
         raise ValueError(
             f"{point}: needs {needed} KV blocks, {available} are free "
@@ -143,6 +143,7 @@ def _build_batch(engine: LLMEngine, point: GridPoint) -> Batch:
         )
     for seq in seqs:
         engine.block_manager.allocate(seq.seq_id, seq.num_tokens)
+        engine.block_manager.materialize(seq.seq_id, seq.num_computed_tokens, seq.num_tokens)
         batch.add(seq, seq.num_uncomputed_tokens)
     return batch
 

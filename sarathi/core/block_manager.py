@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sarathi.core.block_hash import BlockHash
 
@@ -16,6 +17,17 @@ NULL_BLOCK = -1
 
 class BlockManagerError(RuntimeError):
     """Misuse of the block manager: allocating twice, growing without room, unknown sequence."""
+
+
+@dataclass
+class _SeqBlocks:
+    """One sequence's hold on the pool."""
+
+    tables: list[list[int]]  # per group
+    reserved: int  # tokens it has room for
+    registered: int  # leading blocks already offered to the prefix cache
+    quota: dict[int, int]  # per sliding group: blocks its table may hold at once
+    dropped: dict[int, int]  # per sliding group: leading NULL_BLOCK entries of its table
 
 
 class BlockManager:
@@ -33,7 +45,8 @@ class BlockManager:
     holds at most ``blocks_needed(window - 1 + max_step_tokens) + 1`` blocks, where ``max_step_tokens`` is
     the most tokens of one sequence in one step. Admission charges a sliding group that bound (its
     quota), not the sequence's length, and keeps it promised: the free pool always covers every
-    sequence's unfilled quota, so ``materialize`` never runs out.
+    sequence's unfilled quota, so ``materialize`` never runs out within it (a longer step is charged its
+    extra blocks then, or refused).
 
     With ``enable_caching``, a full block whose KV has been computed is registered under its chained
     content hash (``cache_full_blocks``), per group; a new sequence whose leading block hashes are
@@ -87,10 +100,7 @@ class BlockManager:
         self._hash: list[BlockHash | None] = [None] * num_blocks
         self._group: list[int] = [0] * num_blocks  # the group a block was last taken for
         self._cached: list[dict[BlockHash, int]] = [{} for _ in self.group_windows]
-        self._tables: dict[str, list[list[int]]] = {}
-        self._reserved: dict[str, int] = {}  # tokens each sequence has room for
-        # How many leading blocks of each sequence's tables were already offered to the cache.
-        self._num_registered: dict[str, int] = {}
+        self._seqs: dict[str, _SeqBlocks] = {}
         # Sliding groups' promise: the sum of their quotas minus the blocks they hold (each counted once).
         self._sliding_quota = 0
         self._sliding_held = 0
@@ -198,17 +208,17 @@ class BlockManager:
         """
         if not self.enable_caching:
             return
-        tables = self._tables_of(seq_id)
-        start = self._num_registered.get(seq_id, 0)
+        state = self._state(seq_id)
+        start = state.registered
         end = min(num_computed // self.block_size, len(block_hashes))
-        for g, table in enumerate(tables):
+        for g, table in enumerate(state.tables):
             cached = self._cached[g]
             for i in range(start, min(end, len(table))):
                 block, h = table[i], block_hashes[i]
                 if block != NULL_BLOCK and self._hash[block] is None and h not in cached:
                     self._hash[block] = h
                     cached[h] = block
-        self._num_registered[seq_id] = max(start, end)
+        state.registered = max(start, end)
 
     def reset_prefix_cache(self) -> None:
         """Forget the content of every free cached block (a cold cache, e.g. after a warm-up run)."""
@@ -228,7 +238,7 @@ class BlockManager:
     def allocate(self, seq_id: str, num_tokens: int, block_hashes: Sequence[BlockHash] = ()) -> int:
         """Give a new sequence room for ``num_tokens`` tokens; return how many leading blocks it shares from
         the cache (their KV is already computed)."""
-        if seq_id in self._tables:
+        if seq_id in self._seqs:
             raise BlockManagerError(f"sequence {seq_id!r} already owns blocks; free it before allocating")
         needed = self.blocks_needed(num_tokens)
         hit = min(self.prefix_hit(block_hashes), needed)
@@ -238,23 +248,22 @@ class BlockManager:
                 f"cannot allocate {cost} blocks for {seq_id!r}: {self.num_available_blocks} available, "
                 f"{self.watermark_blocks} kept as watermark"
             )
-        tables: list[list[int]] = []
+        state = _SeqBlocks([], num_tokens, hit, {}, {})
         for g, window in enumerate(self.group_windows):
             if window is None:
                 table = self.cached_prefix(block_hashes[:hit], g)
             else:
                 live = self._first_live_block(g, hit * self.block_size)
                 table = [NULL_BLOCK] * live + self.cached_prefix(block_hashes[:hit], g)[live:]
-                self._sliding_quota += self._quota(g, needed)
+                state.quota[g], state.dropped[g] = self._quota(g, needed), live
+                self._sliding_quota += state.quota[g]
             for block in table:  # before any _take, which could otherwise evict them
                 if block != NULL_BLOCK:
                     self._hold(block, window is not None)
-            tables.append(table)
+            state.tables.append(table)
         for g in self._global_groups:
-            tables[g] += self._take(needed - hit, g)
-        self._tables[seq_id] = tables
-        self._reserved[seq_id] = num_tokens
-        self._num_registered[seq_id] = hit
+            state.tables[g] += self._take(needed - hit, g)
+        self._seqs[seq_id] = state
         return hit
 
     # --- running sequences -------------------------------------------------------------------------------
@@ -285,30 +294,36 @@ class BlockManager:
 
     def materialize(self, seq_id: str, start: int, end: int) -> None:
         """Tokens [start, end) of ``seq_id`` are about to be computed: sliding groups drop the blocks before
-        the window of token ``start`` and take blocks (from their promised quota) up to token ``end``.
+        the window of token ``start`` and take blocks up to token ``end`` from their quota (a step of more
+        than ``max_step_tokens`` may need more: charged now if available, else BlockManagerError).
 
         A no-op without sliding groups: global groups hold their whole reservation already.
         """
         if not self._sliding_groups:
             return
-        tables = self._tables_of(seq_id)
-        if end > self._reserved[seq_id] or start > end:
+        state = self._state(seq_id)
+        if end > state.reserved or start > end:
             raise BlockManagerError(
-                f"{seq_id!r}: tokens [{start}, {end}) are outside its reservation of {self._reserved[seq_id]}"
-            )
-        if self.max_step_tokens is not None and end - start > self.max_step_tokens:
-            raise BlockManagerError(
-                f"{seq_id!r}: {end - start} tokens in one step, "
-                f"more than max_step_tokens={self.max_step_tokens}"
+                f"{seq_id!r}: tokens [{start}, {end}) are outside its reservation of {state.reserved}"
             )
         needed = self.blocks_needed(end)
         for g in self._sliding_groups:
-            table = tables[g]
-            for i in range(min(self._first_live_block(g, start), len(table)) - 1, -1, -1):
-                if table[i] == NULL_BLOCK:
-                    break  # everything before was dropped earlier
+            table = state.tables[g]
+            live = self._first_live_block(g, start)
+            for i in range(state.dropped[g], min(live, len(table))):
                 self._release(table[i])
                 table[i] = NULL_BLOCK
+            table += [NULL_BLOCK] * (live - len(table))  # blocks never needed (a profiling batch)
+            state.dropped[g] = max(state.dropped[g], live)
+            extra = needed - state.dropped[g] - state.quota[g]
+            if extra > 0:  # a step longer than max_step_tokens: charge its extra blocks now
+                if extra > self.num_available_blocks:
+                    raise BlockManagerError(
+                        f"{seq_id!r}: tokens [{start}, {end}) need {extra} blocks beyond the sliding-window "
+                        f"quota, {self.num_available_blocks} available"
+                    )
+                state.quota[g] += extra
+                self._sliding_quota += extra
             if needed > len(table):
                 table += self._take(needed - len(table), g)
 
@@ -317,17 +332,13 @@ class BlockManager:
 
         Blocks no other sequence holds become free: cached ones stay reusable until evicted.
         """
-        tables = self._tables.pop(seq_id, None)
-        reserved = self._reserved.pop(seq_id, 0)
-        self._num_registered.pop(seq_id, None)
-        if tables is None:
+        state = self._seqs.pop(seq_id, None)
+        if state is None:
             return
-        needed = self.blocks_needed(reserved)
-        for g in self._sliding_groups:
-            self._sliding_quota -= self._quota(g, needed)
+        self._sliding_quota -= sum(state.quota.values())
         # Reversed: the table's first uncached block is the next one handed out, and its last cached
         # block (the least likely to be shared: a longer prefix) is evicted before its first.
-        for table in tables:
+        for table in state.tables:
             for block in reversed(table):
                 if block != NULL_BLOCK:
                     self._release(block)
@@ -335,33 +346,35 @@ class BlockManager:
     # --- inspection --------------------------------------------------------------------------------------
     def block_table(self, seq_id: str, group: int = 0) -> list[int]:
         """A copy of ``seq_id``'s block ids in group ``group``, in token order."""
-        return list(self._tables_of(seq_id)[group])
+        return list(self._state(seq_id).tables[group])
 
     def block_table_view(self, seq_id: str, group: int = 0) -> Sequence[int]:
         """``seq_id``'s block ids in group ``group`` without a copy (read only; valid until the table next
         changes)."""
-        return self._tables_of(seq_id)[group]
+        return self._state(seq_id).tables[group]
 
     def block_tables_view(self, seq_id: str) -> Sequence[Sequence[int]]:
         """``seq_id``'s block table of every group, without copies (read only)."""
-        return self._tables_of(seq_id)
+        return self._state(seq_id).tables
 
     def num_held_blocks(self, seq_id: str) -> int:
         """Blocks ``seq_id``'s tables hold over all groups (shared ones included)."""
-        return sum(len(t) - t.count(NULL_BLOCK) for t in self._tables_of(seq_id))
+        state = self._state(seq_id)
+        return sum(len(t) for t in state.tables) - sum(state.dropped.values())
 
     def has_blocks(self, seq_id: str) -> bool:
         """Whether ``seq_id`` has a block table (it was allocated and not freed)."""
-        return seq_id in self._tables
+        return seq_id in self._seqs
 
     def num_slots(self, seq_id: str) -> int:
         """How many tokens ``seq_id`` has room for (0 for a sequence without a table)."""
-        return self.blocks_needed(self._reserved.get(seq_id, 0)) * self.block_size
+        state = self._seqs.get(seq_id)
+        return 0 if state is None else self.blocks_needed(state.reserved) * self.block_size
 
     @property
     def seq_ids(self) -> list[str]:
         """Sequences that own a block table."""
-        return list(self._tables)
+        return list(self._seqs)
 
     @property
     def free_block_ids(self) -> list[int]:
@@ -377,9 +390,9 @@ class BlockManager:
         return self._hash[block]
 
     # --- internals ---------------------------------------------------------------------------------------
-    def _tables_of(self, seq_id: str) -> list[list[int]]:
+    def _state(self, seq_id: str) -> _SeqBlocks:
         try:
-            return self._tables[seq_id]
+            return self._seqs[seq_id]
         except KeyError:
             raise BlockManagerError(f"sequence {seq_id!r} owns no blocks") from None
 
@@ -401,24 +414,25 @@ class BlockManager:
         return cost + sum(self._quota(g, needed) for g in self._sliding_groups)
 
     def _growth_cost(self, seq_id: str, num_tokens: int) -> int:
-        tables = self._tables_of(seq_id)
-        old, new = self.blocks_needed(self._reserved[seq_id]), self.blocks_needed(num_tokens)
+        state = self._state(seq_id)
+        old, new = self.blocks_needed(state.reserved), self.blocks_needed(num_tokens)
         if new <= old:
             return 0
-        cost = sum(new - len(tables[g]) for g in self._global_groups)
-        return cost + sum(self._quota(g, new) - self._quota(g, old) for g in self._sliding_groups)
+        cost = sum(new - len(state.tables[g]) for g in self._global_groups)
+        return cost + sum(max(0, self._quota(g, new) - state.quota[g]) for g in self._sliding_groups)
 
     def _grow(self, seq_id: str, num_tokens: int) -> None:
-        old = self.blocks_needed(self._reserved[seq_id])
-        if num_tokens <= self._reserved[seq_id]:
+        state = self._seqs[seq_id]
+        if num_tokens <= state.reserved:
             return
         new = self.blocks_needed(num_tokens)
-        tables = self._tables[seq_id]
         for g in self._global_groups:
-            tables[g] += self._take(new - len(tables[g]), g)
+            state.tables[g] += self._take(new - len(state.tables[g]), g)
         for g in self._sliding_groups:
-            self._sliding_quota += self._quota(g, new) - self._quota(g, old)
-        self._reserved[seq_id] = num_tokens
+            more = max(0, self._quota(g, new) - state.quota[g])
+            state.quota[g] += more
+            self._sliding_quota += more
+        state.reserved = num_tokens
 
     def _hold(self, block: int, sliding: bool) -> None:
         """One more table holds ``block`` (a cached hit)."""

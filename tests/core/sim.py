@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from sarathi.config import SchedulerConfig
 from sarathi.core.batch import Batch
-from sarathi.core.block_manager import BlockManager
-from sarathi.core.schedulers import Scheduler, make_scheduler
+from sarathi.core.block_manager import NULL_BLOCK, BlockManager
+from sarathi.core.schedulers import Scheduler, make_scheduler, max_step_tokens
 from sarathi.core.sequence import Sequence, SequenceStatus
 from sarathi.sampling_params import SamplingParams
 
@@ -41,10 +41,19 @@ def build(
     watermark: float = 0.0,
     max_model_len: int = 1024,
     enable_caching: bool = False,
+    group_windows: tuple[int | None, ...] = (None,),
     **config: object,
 ) -> Scheduler:
-    bm = BlockManager(num_blocks, block_size, watermark, enable_caching=enable_caching)
-    return make_scheduler(SchedulerConfig(name=name, **config), bm, max_model_len)
+    scheduler_config = SchedulerConfig(name=name, **config)
+    bm = BlockManager(
+        num_blocks,
+        block_size,
+        watermark,
+        enable_caching=enable_caching,
+        group_windows=group_windows,
+        max_step_tokens=max_step_tokens(scheduler_config),
+    )
+    return make_scheduler(scheduler_config, bm, max_model_len)
 
 
 def fake_tokens(batch: Batch) -> dict[str, int]:
@@ -117,21 +126,25 @@ def decode_ids(batch: Batch) -> set[str]:
 
 
 def check_writes(sched: Scheduler, batch: Batch) -> None:
-    """The blocks a batch writes KV into are held by their sequence alone and are not in the prefix cache."""
+    """The blocks a batch writes KV into are held by their sequence alone and are not in the prefix cache,
+    in every KV-cache group, and a sliding group holds every block its window reads."""
     bm = sched.block_manager
     for e in batch:
-        table = bm.block_table(e.seq.seq_id)
-        for i in range(e.start // bm.block_size, (e.end - 1) // bm.block_size + 1):
-            assert bm.ref_count(table[i]) == 1, "a shared block would be written"
-            assert bm.block_hash(table[i]) is None, "a cached block would be written"
+        for g, table in enumerate(bm.block_tables_view(e.seq.seq_id)):
+            for i in range(e.start // bm.block_size, (e.end - 1) // bm.block_size + 1):
+                assert bm.ref_count(table[i]) == 1, "a shared block would be written"
+                assert bm.block_hash(table[i]) is None, "a cached block would be written"
+            window = bm.group_windows[g]
+            first_read = 0 if window is None else max(0, e.start - window + 1) // bm.block_size
+            assert NULL_BLOCK not in table[first_read:], "a block the window reads was dropped"
 
 
 def check_blocks(sched: Scheduler) -> None:
     """The block manager and the queues agree; every block is free or owned, and owned as many times as
     its reference count says (more than once only when shared through the prefix cache)."""
     bm = sched.block_manager
-    tables = {sid: bm.block_table(sid) for sid in bm.seq_ids}
-    owned = [b for t in tables.values() for b in t]
+    all_tables = {sid: bm.block_tables_view(sid) for sid in bm.seq_ids}
+    owned = [b for ts in all_tables.values() for t in ts for b in t if b != NULL_BLOCK]
     free = bm.free_block_ids
     if not bm.enable_caching:
         assert len(owned) == len(set(owned)), "a block is owned twice"
@@ -141,17 +154,25 @@ def check_blocks(sched: Scheduler) -> None:
     assert not set(owned) & set(free), "a block is both owned and free"
     assert sorted(set(owned) | set(free)) == list(range(bm.num_blocks))
     assert bm.num_used_blocks == len(counts) and bm.num_free_blocks == len(free)
-    assert set(tables) == {s.seq_id for s in sched.running}, "only running sequences own blocks"
+    assert set(all_tables) == {s.seq_id for s in sched.running}, "only running sequences own blocks"
+    assert bm.num_available_blocks >= 0, "sliding groups were promised more blocks than are free"
     for seq in sched.running:
         assert bm.num_slots(seq.seq_id) >= seq.num_computed_tokens
         assert not seq.is_finished
-        # A cached block in a table names exactly the tokens the sequence has at that place.
-        table = tables[seq.seq_id]
-        for i in range(seq.num_computed_tokens // bm.block_size):
-            h = bm.block_hash(table[i])
-            assert h is None or h == seq.block_hashes[i], "a cached block's hash does not match its content"
-        for i in range(-(-seq.num_computed_tokens // bm.block_size), len(table)):
-            assert bm.block_hash(table[i]) is None, "a block not computed yet is in the cache"
+        for g, table in enumerate(all_tables[seq.seq_id]):
+            window = bm.group_windows[g]
+            if window is None:
+                assert len(table) == bm.blocks_needed(bm.num_slots(seq.seq_id))
+            elif bm.max_step_tokens is not None:  # held blocks stay within the quota
+                cap = bm.blocks_needed(window - 1 + bm.max_step_tokens) + 1
+                assert len(table) - table.count(NULL_BLOCK) <= cap
+            # A cached block in a table names exactly the tokens the sequence has at that place.
+            for i in range(min(seq.num_computed_tokens // bm.block_size, len(table))):
+                h = None if table[i] == NULL_BLOCK else bm.block_hash(table[i])
+                matches = h is None or h == seq.block_hashes[i]
+                assert matches, "a cached block's hash does not match its content"
+            for i in range(-(-seq.num_computed_tokens // bm.block_size), len(table)):
+                assert bm.block_hash(table[i]) is None, "a block not computed yet is in the cache"
     for seq in sched.waiting:
         assert seq.status in (SequenceStatus.WAITING, SequenceStatus.PREEMPTED)
         assert seq.num_computed_tokens == 0

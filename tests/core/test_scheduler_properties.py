@@ -11,8 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sarathi.config import SCHEDULER_NAMES, ChunkSchedule
+from sarathi.config import SCHEDULER_NAMES, ChunkSchedule, SchedulerConfig
 from sarathi.core.block_manager import BlockManager
+from sarathi.core.schedulers import max_step_tokens
 
 from .sim import Abort, Request, build, run_workload
 
@@ -38,19 +39,34 @@ def setups(draw: st.DrawFn, name: str) -> dict:
     max_model_len = draw(st.integers(4, 64))
     block_size = draw(st.sampled_from([1, 2, 4, 8, 16]))
     watermark = draw(st.sampled_from([0.0, 0.0, 0.05, 0.2]))
-    num_blocks = -(-max_model_len // block_size) + draw(st.integers(0, 6))
-    while not BlockManager(num_blocks, block_size, watermark).fits_in_empty_cache(max_model_len):
-        num_blocks += 1
-    return dict(
+    # KV-cache groups: global attention only, or sliding windows beside it (Gemma 3), or sliding only.
+    window = draw(st.integers(1, 24))
+    kinds = [(None,), (None,), (window, None), (window, window, None), (window,)]
+    group_windows = draw(st.sampled_from(kinds))
+    config = SchedulerConfig(
         name=name,
-        num_blocks=num_blocks,
-        block_size=block_size,
-        watermark=watermark,
-        max_model_len=max_model_len,
         token_budget=draw(st.integers(1, 8) | st.integers(1, 80)),
         max_num_seqs=draw(st.integers(1, 8)),
         max_num_batched_tokens=draw(st.none() | st.integers(8, 2 * max_model_len)),
         chunk_schedule=draw(chunk_schedules()),
+    )
+    num_blocks = -(-max_model_len // block_size) + draw(st.integers(0, 6))
+    step = max_step_tokens(config)
+    while not BlockManager(
+        num_blocks, block_size, watermark, group_windows=group_windows, max_step_tokens=step
+    ).fits_in_empty_cache(max_model_len):
+        num_blocks += 1
+    return dict(
+        name=name,
+        group_windows=group_windows,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        watermark=watermark,
+        max_model_len=max_model_len,
+        token_budget=config.token_budget,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        chunk_schedule=config.chunk_schedule,
         enable_caching=draw(st.booleans()),  # the fake prompts share prefixes: caching hits often
     )
 
