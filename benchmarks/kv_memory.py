@@ -3,8 +3,9 @@
 Serves one prompt of each context length (default 8,192 and 32,000 tokens) through the real engine on a model
 with sliding-window layers (default: Gemma 3 270M, 15 of its 18 layers with a 512-token window) and reads
 the block manager after every step: the pages the sequence's tables hold (each page is one block of KV for
-one slot of a KV-cache group, so its bytes are known), at the first decode and at the most during the
-prefill. "Keeps everything" is what a cache without KV-cache groups holds: every layer, every block.
+one slot of a KV-cache group, so its bytes are known) while it decodes, and at the most (during the last
+prefill chunks: the window before a chunk plus the chunk). "Keeps everything" is what a cache without
+KV-cache groups holds: every layer, every block.
 
     python -m benchmarks.kv_memory [--model gemma3-270m] [--contexts 8192,32000] [--token-budget 256]
 
@@ -54,26 +55,28 @@ def main() -> None:
             prompt = [arch.bos_token_id or 2] + [rng.randrange(3, arch.vocab_size) for _ in range(n - 1)]
             request_id = f"kv-{n}"
             engine.add_request(request_id, prompt, SamplingParams(max_tokens=4, ignore_eos=True))
-            peak = at_decode = 0
+            peak = decoding = 0
             while engine.has_unfinished_requests():
-                for out in engine.step().outputs:
-                    if out.request_id == request_id and len(out.outputs[0].token_ids) == 1:
-                        at_decode = bm.num_held_blocks(request_id)
-                if bm.has_blocks(request_id):
-                    peak = max(peak, bm.num_held_blocks(request_id))
+                outputs = engine.step().outputs
+                if not bm.has_blocks(request_id):
+                    continue
+                held = bm.num_held_blocks(request_id)
+                peak = max(peak, held)
+                if any(o.request_id == request_id and o.num_output_tokens >= 2 for o in outputs):
+                    decoding = max(decoding, held)  # after a decode step's blocks were taken
             everything = bm.blocks_needed(n + 1) * arch.num_hidden_layers * layer_block_bytes
             row = {
                 "context": n,
-                "pages_at_first_decode": at_decode,
+                "pages_decoding": decoding,
                 "pages_peak": peak,
-                "bytes_at_first_decode": at_decode * page_bytes,
+                "bytes_decoding": decoding * page_bytes,
                 "bytes_peak": peak * page_bytes,
                 "bytes_all_layers_keep_everything": everything,
-                "fraction": round(at_decode * page_bytes / everything, 4),
+                "fraction": round(decoding * page_bytes / everything, 4),
             }
             rows.append(row)
             print(
-                f"{n:>6} tokens: {at_decode * page_bytes / 2**20:8.1f} MiB at the first decode "
+                f"{n:>6} tokens: {decoding * page_bytes / 2**20:8.1f} MiB while decoding "
                 f"(peak {peak * page_bytes / 2**20:.1f} MiB) vs {everything / 2**20:8.1f} MiB keeping every "
                 f"layer's blocks: {row['fraction']:.3f}x"
             )

@@ -254,7 +254,8 @@ class BlockManager:
                 table = self.cached_prefix(block_hashes[:hit], g)
             else:
                 live = self._first_live_block(g, hit * self.block_size)
-                table = [NULL_BLOCK] * live + self.cached_prefix(block_hashes[:hit], g)[live:]
+                # the window's blocks only: the ones before it may have been evicted
+                table = [NULL_BLOCK] * live + [self._cached[g][h] for h in block_hashes[live:hit]]
                 state.quota[g], state.dropped[g] = self._quota(g, needed), live
                 self._sliding_quota += state.quota[g]
             for block in table:  # before any _take, which could otherwise evict them

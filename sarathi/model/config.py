@@ -229,7 +229,8 @@ class ModelArchConfig:
             sandwich_norms=gemma,
             norm_weight_offset=1.0 if gemma else 0.0,
             embedding_scale=hidden**0.5 if gemma else 1.0,
-            attention_scale=float(d.get("query_pre_attn_scalar", head_dim)) ** -0.5 if gemma else None,
+            # transformers' Gemma3TextConfig default when a config leaves it out (not head_dim)
+            attention_scale=float(d.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma else None,
             final_logit_softcapping=d.get("final_logit_softcapping") if gemma else None,
             sliding_window=window,
             layer_types=layer_types,

@@ -163,9 +163,13 @@ def check_blocks(sched: Scheduler) -> None:
             window = bm.group_windows[g]
             if window is None:
                 assert len(table) == bm.blocks_needed(bm.num_slots(seq.seq_id))
-            elif bm.max_step_tokens is not None:  # held blocks stay within the quota
-                cap = bm.blocks_needed(window - 1 + bm.max_step_tokens) + 1
-                assert len(table) - table.count(NULL_BLOCK) <= cap
+            else:  # the computed tokens the next one's window reads have their blocks
+                computed = bm.blocks_needed(seq.num_computed_tokens)
+                first_read = max(0, seq.num_computed_tokens - window + 1) // bm.block_size
+                assert len(table) >= computed and NULL_BLOCK not in table[first_read:computed]
+                if bm.max_step_tokens is not None:  # held blocks stay within the quota
+                    cap = bm.blocks_needed(window - 1 + bm.max_step_tokens) + 1
+                    assert len(table) - table.count(NULL_BLOCK) <= cap
             # A cached block in a table names exactly the tokens the sequence has at that place.
             for i in range(min(seq.num_computed_tokens // bm.block_size, len(table))):
                 h = None if table[i] == NULL_BLOCK else bm.block_hash(table[i])

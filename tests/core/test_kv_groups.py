@@ -135,6 +135,11 @@ def test_prefix_hit_is_where_every_sliding_window_is_complete() -> None:
     # Six blocks would need sliding block 4 (token 12 sees 9..11), shorter prefixes earlier ones: none left.
     assert bm.prefix_hit(hashes[:6]) == 0
     assert bm.cached_prefix(hashes[:6], 1) == bm.block_table("a", 1)[:6]
+    # Admitted on that hit, a sequence shares the window's blocks although the ones before were evicted.
+    window_blocks = bm.block_table("a", 0)[6:8]
+    assert bm.allocate("b", 17, hashes) == 8
+    assert bm.block_table("b", 0) == [NULL_BLOCK] * 6 + window_blocks
+    assert bm.block_table("b", 1)[:8] == bm.block_table("a", 1)
 
 
 def test_scheduler_keeps_a_long_sequence_within_its_windows() -> None:

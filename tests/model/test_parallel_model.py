@@ -3,7 +3,6 @@ host) that must give the single-process model's logits."""
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import time
 from pathlib import Path
@@ -13,7 +12,6 @@ import pytest
 import torch
 from model_harness import SMALL_GEMMA3, SMALL_LLAMA3_SCALED, PagedRunner
 from parallel_worker import BLOCK_SIZE, NUM_BLOCKS, make_schedule, run_rank, run_schedule
-from safetensors.torch import save_file
 
 from sarathi.model import (
     ModelArchConfig,
@@ -28,6 +26,7 @@ from sarathi.model import safetensors_folder as safetensors_module
 from sarathi.model.llama import LlamaForCausalLM
 from sarathi.model.loader import hf_tensor_shapes, init_dummy_weights
 from sarathi.model.safetensors_folder import SafetensorsCheckpoint
+from tests.random_checkpoint import write_random_folder
 
 SMOLLM2_SHAPES = {"heads": 9, "kv_heads": 3, "layers": 30, "hidden": 576, "intermediate": 1536}
 # Uneven everywhere at tp=2, pp=2: kv heads 2 + 1, q heads 6 + 3, MLP columns 51 + 50, layers 2 + 1.
@@ -136,27 +135,6 @@ def test_kv_cache_holds_the_shard_only() -> None:
 # --- Weight slices -------------------------------------------------------------------------------------
 
 
-def _write_random_folder(config: dict[str, Any], folder: Path, seed: int = 0) -> ModelArchConfig:
-    """An HF folder (config.json + model.safetensors) with random weights of realistic scale: matrices
-    N(0, 1/fan_in), embeddings N(0, 1), random biases and norms, so that attention is far from uniform."""
-    arch = ModelArchConfig.from_hf_config(config)
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for name, shape in hf_tensor_shapes(arch).items():
-        x = torch.randn(shape, generator=gen)
-        if name.endswith("norm.weight"):
-            x = 1 + 0.2 * x
-        elif name.endswith(".bias"):
-            x = 0.2 * x
-        elif name != "model.embed_tokens.weight":
-            x = x * shape[1] ** -0.5
-        tensors[name] = x
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, folder / "model.safetensors")
-    (folder / "config.json").write_text(json.dumps(config))
-    return arch
-
-
 def _expected_slice(full: LlamaForCausalLM, shard: ShardSpec, name: str) -> torch.Tensor:
     """What parameter `name` of a shard must hold, cut from the whole model's parameters."""
     arch, hd = full.arch, full.arch.head_dim
@@ -201,7 +179,7 @@ SHARDS = [ShardSpec(0, 2, 0, 2), ShardSpec(1, 2, 1, 2), ShardSpec(2, 3, 0, 1), S
 
 @pytest.mark.parametrize("config", [GQA_UNEVEN, SMALL_LLAMA3_SCALED], ids=["gqa-uneven", "llama3-biases"])
 def test_shard_weights_are_slices_of_the_whole_model(config: dict[str, Any], tmp_path: Path) -> None:
-    arch = _write_random_folder(config, tmp_path)
+    arch = write_random_folder(config, tmp_path)
     full = LlamaForCausalLM(arch)
     full.load_hf_weights(SafetensorsCheckpoint(tmp_path).fetch)
     for shard in SHARDS:
@@ -223,7 +201,7 @@ def test_dummy_shards_are_slices_of_the_whole_dummy_model() -> None:
 
 def test_slice_of_a_tensor_larger_than_the_config_says_is_refused(tmp_path: Path) -> None:
     """A sliced read cannot see a shape mismatch in its own result, so it checks the full tensor's shape."""
-    _write_random_folder({**GQA_UNEVEN, "intermediate_size": 104}, tmp_path)
+    write_random_folder({**GQA_UNEVEN, "intermediate_size": 104}, tmp_path)
     arch = ModelArchConfig.from_hf_config(GQA_UNEVEN)  # says 101
     part = LlamaForCausalLM(arch, shard=ShardSpec(tp_rank=1, tp_size=2))
     with pytest.raises(ValueError, match=r"gate_proj\.weight.* shape \(104, 72\), expected 101 along dim 0"):
@@ -267,7 +245,7 @@ def _reads(folder: Path, shard: ShardSpec, monkeypatch) -> dict[str, list[str]]:
 
 
 def test_sharded_load_reads_slices_only(tmp_path: Path, monkeypatch) -> None:
-    arch = _write_random_folder(SMALL_LLAMA3_SCALED, tmp_path)
+    arch = write_random_folder(SMALL_LLAMA3_SCALED, tmp_path)
     whole = _reads(tmp_path, ShardSpec(), monkeypatch)
     assert whole["sliced"] == [] and sorted(whole["whole"]) == sorted(hf_tensor_shapes(arch))
 
@@ -354,7 +332,7 @@ def test_dummy_gqa_uneven_matches_single_process(tp: int, pp: int, tmp_path: Pat
 def test_gemma3_sliding_window_matches_single_process(tp: int, pp: int, tmp_path: Path) -> None:
     """Gemma 3 at window 4 (the schedule's sequences reach 14 tokens): its one kv head replicated on both TP
     ranks, sliding and global layers split over stages."""
-    _write_random_folder({**SMALL_GEMMA3, "sliding_window": 4}, tmp_path / "model")
+    write_random_folder({**SMALL_GEMMA3, "sliding_window": 4}, tmp_path / "model")
     vocab = SMALL_GEMMA3["vocab_size"]
     _check_against_single_process(tp, pp, str(tmp_path / "model"), {}, vocab, tmp_path / "ranks")
 
@@ -363,6 +341,6 @@ def test_gemma3_sliding_window_matches_single_process(tp: int, pp: int, tmp_path
 def test_safetensors_with_biases_matches_single_process(tp: int, pp: int, tmp_path: Path) -> None:
     """Realistic-scale weights, q/k/v, o and MLP biases, tied embeddings across stages; pp=3 has a middle
     stage that both receives and sends."""
-    _write_random_folder(SMALL_LLAMA3_SCALED, tmp_path / "model")
+    write_random_folder(SMALL_LLAMA3_SCALED, tmp_path / "model")
     vocab = SMALL_LLAMA3_SCALED["vocab_size"]
     _check_against_single_process(tp, pp, str(tmp_path / "model"), {}, vocab, tmp_path / "ranks")
