@@ -140,6 +140,20 @@ def silu_mul_bf16(gate_up: torch.Tensor) -> torch.Tensor:
     return torch.ops.sarathi_kernels.silu_mul_bf16(gate_up)
 
 
+def gelu_mul_bf16(gate_up: torch.Tensor) -> torch.Tensor:
+    """bf16(gelu_tanh(gate) * up) from gate_up's float32 [T, 2I] (Gemma's MLP)."""
+    return torch.ops.sarathi_kernels.gelu_mul_bf16(gate_up)
+
+
+def norm_add_rms_norm_bf16(
+    residual: torch.Tensor, x: torch.Tensor, w_x: torch.Tensor, w_next: torch.Tensor | None, eps: float
+) -> torch.Tensor | None:
+    """Gemma's sandwich step: residual += rms_norm(x) * w_x in place (float32 [T, H]); returns
+    bf16(rms_norm(residual) * w_next), or None without `w_next`."""
+    out = torch.ops.sarathi_kernels.norm_add_rms_norm_bf16(residual, x, w_x, w_next, eps)
+    return out if w_next is not None else None
+
+
 def add_rms_norm_bf16(
     residual: torch.Tensor, x: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> torch.Tensor:
@@ -156,12 +170,15 @@ def rope_write_kv(
     slot_mapping: torch.Tensor,
     heads: int,
     return_kv: bool,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Rotate q and k of qkv (float32 [T, heads + 2 * kv_heads, d]) by the `rope_cos_sin` tables and write k
     and v into the caches at `slot_mapping`. Returns q (float32 [T, heads, d]) and, with `return_kv`, k and v
-    as the cache stores them, widened to float32 [T, kv_heads, d]; else None for both."""
+    as the cache stores them, widened to float32 [T, kv_heads, d]; else None for both. `qk_norm` (q and k
+    weights [d], eps): RMS-normalize each q and k head first."""
+    q_w, k_w, eps = qk_norm if qk_norm is not None else (None, None, 1e-6)
     q, k, v = torch.ops.sarathi_kernels.rope_write_kv(
-        qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, return_kv
+        qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, return_kv, q_w, k_w, eps
     )
     return (q, k, v) if return_kv else (q, None, None)
 

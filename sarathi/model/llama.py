@@ -111,7 +111,7 @@ class Attention(nn.Module):
         kv_start, kv_end = shard.kv_head_range(arch.num_key_value_heads)
         self.num_heads, self.num_kv_heads, self.head_dim = q_end - q_start, kv_end - kv_start, arch.head_dim
         self.scale = arch.attention_scale if arch.attention_scale is not None else self.head_dim**-0.5
-        self.tp, self.fused = tp, dtypes.fused(device) and not arch.qk_norm
+        self.tp, self.fused, self.eps = tp, dtypes.fused(device), arch.rms_norm_eps
         self.q_norm = self.k_norm = None
         if arch.qk_norm:
             self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, torch.float32, device)
@@ -129,17 +129,18 @@ class Attention(nn.Module):
         h, kvh = self.num_heads, self.num_kv_heads
         cos, sin, meta, plan = inputs.cos, inputs.sin, inputs.meta, inputs.plan
         qkv = self.qkv_proj(x).view(x.shape[0], h + 2 * kvh, self.head_dim)
+        if self.fused and qkv.dtype == torch.float32 and kernels.rope_kernel_serves(self.head_dim, kv[0]):
+            # only a prefill chunk starting at 0 attends to its own k, v rather than the cache
+            own_kv = any(rows is None for rows in plan.prefill_rows)
+            norms = None if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight, self.eps)
+            q, k, v = kernels.rope_write_kv(qkv, cos, sin, kv[0], kv[1], meta.slot_mapping, h, own_kv, norms)
+            out = paged_attention(q, k, v, kv[0], kv[1], meta, plan, self.scale, written=True)
+            return _row_parallel_output(self.o_proj(out), self.tp)
         if self.q_norm is not None:
             q, k = self.q_norm(qkv[:, :h]), self.k_norm(qkv[:, h : h + kvh])
             q, k = apply_rope(q, cos, sin, ATTENTION_DTYPE), apply_rope(k, cos, sin, ATTENTION_DTYPE)
             v = qkv[:, h + kvh :].to(ATTENTION_DTYPE)
             out = paged_attention(q, k, v, kv[0], kv[1], meta, plan, self.scale)
-            return _row_parallel_output(self.o_proj(out), self.tp)
-        if self.fused and qkv.dtype == torch.float32 and kernels.rope_kernel_serves(self.head_dim, kv[0]):
-            # only a prefill chunk starting at 0 attends to its own k, v rather than the cache
-            own_kv = any(rows is None for rows in plan.prefill_rows)
-            q, k, v = kernels.rope_write_kv(qkv, cos, sin, kv[0], kv[1], meta.slot_mapping, h, own_kv)
-            out = paged_attention(q, k, v, kv[0], kv[1], meta, plan, self.scale, written=True)
             return _row_parallel_output(self.o_proj(out), self.tp)
         qk = apply_rope(qkv[:, : h + kvh], cos, sin, ATTENTION_DTYPE)
         v = qkv[:, h + kvh :].to(ATTENTION_DTYPE)
@@ -164,7 +165,7 @@ class MLP(nn.Module):
         start, end = shard.column_range(arch.intermediate_size)
         width, hidden = end - start, arch.hidden_size
         self.tp, self.gelu = tp, arch.hidden_act == "gelu_pytorch_tanh"
-        self.fused = dtypes.fused(device) and not self.gelu
+        self.fused = dtypes.fused(device)
         self.gate_up_proj = Linear(hidden, 2 * width, arch.mlp_bias, *dtypes.linear(device))
         down_bias = arch.mlp_bias and shard.tp_rank == 0  # added once to the sum over TP ranks
         self.down_proj = Linear(width, hidden, down_bias, *dtypes.linear(device))
@@ -173,7 +174,8 @@ class MLP(nn.Module):
         """x [T, hidden] -> [T, hidden]."""
         gate_up = self.gate_up_proj(x)
         if self.fused and gate_up.dtype == torch.float32:
-            return _row_parallel_output(self.down_proj(kernels.silu_mul_bf16(gate_up)), self.tp)
+            act_mul = kernels.gelu_mul_bf16 if self.gelu else kernels.silu_mul_bf16
+            return _row_parallel_output(self.down_proj(act_mul(gate_up)), self.tp)
         gate, up = gate_up.chunk(2, dim=-1)
         act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         return _row_parallel_output(self.down_proj(act * up), self.tp)
@@ -205,12 +207,20 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = RMSNorm(
                 arch.hidden_size, arch.rms_norm_eps, torch.float32, device
             )
-        self.fused, self.eps = dtypes.fused(device) and not self.sandwich, arch.rms_norm_eps
+        self.fused, self.eps = dtypes.fused(device), arch.rms_norm_eps
 
     def forward(
         self, h: torch.Tensor, inputs: LayerInputs, kv: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
         """h [T, hidden] float32 -> [T, hidden] float32 (fused: updated in place and returned)."""
+        if self.fused and self.sandwich:  # each output normalized, added and the sum normalized: one pass
+            x = kernels.add_rms_norm_bf16(h, None, self.input_layernorm.weight, self.eps)
+            attn = self.self_attn(x, inputs, kv)
+            post, pre = self.post_attention_layernorm.weight, self.pre_feedforward_layernorm.weight
+            x = kernels.norm_add_rms_norm_bf16(h, attn, post, pre, self.eps)
+            last = self.post_feedforward_layernorm.weight
+            kernels.norm_add_rms_norm_bf16(h, self.mlp(x), last, None, self.eps)
+            return h
         if self.fused:  # the residual adds happen in place, inside the norms' single pass
             x = kernels.add_rms_norm_bf16(h, None, self.input_layernorm.weight, self.eps)
             attn = self.self_attn(x, inputs, kv)

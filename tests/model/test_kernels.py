@@ -311,3 +311,71 @@ def test_mask_logits_by_bitmask_matches_unpacked_bits(vocab):
     out = logits.clone()
     kernels.mask_logits_by_bitmask(out, bitmask, rows)
     assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7, 64])
+@pytest.mark.parametrize("width", [2048, 40, 17])
+def test_gelu_mul_bf16_is_the_rounded_exact_result(rows, width):
+    g = torch.Generator().manual_seed(rows + width)
+    gate_up = torch.randn(rows, 2 * width, generator=g) * 4
+    gate, up = gate_up.double()[:, :width], gate_up.double()[:, width:]
+    # float64 in the sigmoid form (0.5 * (1 + tanh(z)) = sigmoid(2z)): the tanh form cancels to 0 for
+    # negative gates, in float32 (torch) and float64 alike
+    exact = gate * torch.sigmoid(2 * (2 / torch.pi) ** 0.5 * (gate + 0.044715 * gate**3)) * up
+    got = kernels.gelu_mul_bf16(gate_up)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, width)
+    assert (got.double() - exact).abs().le(exact.abs() * 2**-7 + 1e-30).all()
+    torch_gelu = (
+        torch.nn.functional.gelu(gate_up[:, :width], approximate="tanh") * gate_up[:, width:]
+    ).bfloat16()
+    # and torch's own result but where its tanh form cancels (|gate| > ~5: off by up to ~1e-6 there)
+    assert (got.float() - torch_gelu.float()).abs().le(torch_gelu.float().abs() * 2**-7 + 1e-5).all()
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7, 64])
+@pytest.mark.parametrize("width", [640, 40, 17])
+@pytest.mark.parametrize("next_norm", [False, True])
+def test_norm_add_rms_norm_bf16_is_gemmas_sandwich_step(rows, width, next_norm):
+    g = torch.Generator().manual_seed(rows * 5 + width)
+    residual = torch.randn(rows, width, generator=g) * 3
+    x = torch.randn(rows, width, generator=g) * 40
+    w_x, w_next = torch.rand(width, generator=g) + 0.5, torch.rand(width, generator=g) + 0.5
+    summed = residual + torch.nn.functional.rms_norm(x, (width,), w_x, 1e-6)
+    got = kernels.norm_add_rms_norm_bf16(residual, x, w_x, w_next if next_norm else None, 1e-6)
+    assert torch.allclose(residual, summed, rtol=1e-6, atol=1e-6)  # updated in place
+    if not next_norm:
+        assert got is None
+        return
+    expected = torch.nn.functional.rms_norm(summed, (width,), w_next, 1e-6).bfloat16()
+    assert (got.float() - expected.float()).abs().le(expected.float().abs() * 2**-7 + 1e-30).all()
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("tokens", [1, 7])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 1, 256), (8, 2, 128)])
+def test_rope_write_kv_with_qk_norm_normalizes_each_head_first(
+    cache_dtype, tokens, heads, kv_heads, head_dim
+):
+    from sarathi.model.paged_attention import write_kv
+    from sarathi.model.rope import apply_rope, rope_cos_sin, rope_inv_freq
+
+    g = torch.Generator().manual_seed(tokens * 17 + head_dim)
+    blocks, block_size = 4, 16
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, head_dim, generator=g) * 5
+    q_w, k_w = torch.rand(head_dim, generator=g) + 0.5, torch.rand(head_dim, generator=g) + 0.5
+    cos, sin = rope_cos_sin(torch.randint(0, 4096, (tokens,), generator=g), rope_inv_freq(head_dim, 1e6))
+    slots = torch.randperm(blocks * block_size, generator=g)[:tokens]
+    k_cache = torch.zeros(kv_heads, blocks, block_size, head_dim, dtype=cache_dtype)
+    v_cache = torch.zeros_like(k_cache)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    q_ref = apply_rope(torch.nn.functional.rms_norm(qkv[:, :heads], (head_dim,), q_w, 1e-6), cos, sin)
+    k_ref = apply_rope(
+        torch.nn.functional.rms_norm(qkv[:, heads : heads + kv_heads], (head_dim,), k_w, 1e-6), cos, sin
+    )
+    write_kv(ref_k, ref_v, k_ref, qkv[:, heads + kv_heads :], slots)
+
+    q, _, _ = kernels.rope_write_kv(qkv, cos, sin, k_cache, v_cache, slots, heads, False, (q_w, k_w, 1e-6))
+    assert torch.allclose(q, q_ref, rtol=1e-5, atol=1e-5)
+    ulp = 2**-7 if cache_dtype == torch.bfloat16 else 1e-5
+    assert (k_cache.float() - ref_k.float()).abs().le(ref_k.float().abs() * ulp + 1e-5).all()
+    assert torch.equal(v_cache, ref_v)

@@ -7,7 +7,8 @@
 // with swap exchanging the halves. Returns q rotated, float32 [T, heads, d]; writes the rotated k and v,
 // rounded to the cache dtype (nearest even for bf16), at cache[kv_head][slot]. With return_kv also returns
 // them as stored, widened to float32 [T, kv_heads, d] (what a prefill chunk starting at 0 attends to);
-// without it they come back empty ([0, kv_heads, d]).
+// without it they come back empty ([0, kv_heads, d]). With q_norm / k_norm weights [d] (QK-norm: Qwen3,
+// Gemma 3), each q and k head is first RMS-normalized over d and scaled by them.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -15,7 +16,9 @@
 
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
+#include <optional>
 #include <tuple>
 
 namespace sarathi_kernels {
@@ -38,6 +41,20 @@ inline __m512 rotate16(const float* x, const float* cos, const float* sin, int64
   return _mm512_fmadd_ps(_mm512_loadu_ps(x + partner), _mm512_loadu_ps(sin + i), a);
 }
 
+constexpr int64_t kMaxHeadDim = 512;
+
+// dst = src / rms(src) * w over one head of d floats (d a multiple of 16).
+inline void rms_norm_head(const float* src, const float* w, float eps, int64_t d, float* dst) {
+  __m512 sq = _mm512_setzero_ps();
+  for (int64_t i = 0; i < d; i += kLanes) {
+    const __m512 x = _mm512_loadu_ps(src + i);
+    sq = _mm512_fmadd_ps(x, x, sq);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(d) + eps));
+  for (int64_t i = 0; i < d; i += kLanes)
+    _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(src + i), inv), _mm512_loadu_ps(w + i)));
+}
+
 // Round to the cache dtype and store; returns the stored value widened back to float32.
 inline __m512 store(float* dst, __m512 v) {
   _mm512_storeu_ps(dst, v);
@@ -53,7 +70,7 @@ inline __m512 store(at::BFloat16* dst, __m512 v) {
 template <typename T>
 void run(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
          at::Tensor& v_cache, const at::Tensor& slots, int64_t heads, at::Tensor& q_out, at::Tensor* k_out,
-         at::Tensor* v_out) {
+         at::Tensor* v_out, const float* q_norm, const float* k_norm, float eps) {
   const int64_t tokens = qkv.size(0), rows = qkv.size(1), d = qkv.size(2), half = d / 2;
   const int64_t kv_heads = (rows - heads) / 2;
   const int64_t slots_per_head = k_cache.numel() / kv_heads / d;  // num_blocks * block_size
@@ -71,11 +88,22 @@ void run(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at
       const float* x = src + t * rows * d;
       const float* c = cp + t * d;
       const float* s = sp + t * d;
-      for (int64_t h = 0; h < heads; ++h)
+      alignas(64) float normed[kMaxHeadDim];
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* q = x + h * d;
+        if (q_norm) {
+          rms_norm_head(q, q_norm, eps, d, normed);
+          q = normed;
+        }
         for (int64_t i = 0; i < d; i += kLanes)
-          _mm512_storeu_ps(qo + (t * heads + h) * d + i, rotate16(x + h * d, c, s, i, half));
+          _mm512_storeu_ps(qo + (t * heads + h) * d + i, rotate16(q, c, s, i, half));
+      }
       for (int64_t g = 0; g < kv_heads; ++g) {
         const float* k = x + (heads + g) * d;
+        if (k_norm) {
+          rms_norm_head(k, k_norm, eps, d, normed);
+          k = normed;
+        }
         const float* v = x + (heads + kv_heads + g) * d;
         T* kd = kc + (g * slots_per_head + slot[t]) * d;
         T* vd = vc + (g * slots_per_head + slot[t]) * d;
@@ -97,7 +125,9 @@ void run(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& qkv_in, const at::Tensor& cos_in,
                                                              const at::Tensor& sin_in, at::Tensor& k_cache,
                                                              at::Tensor& v_cache, const at::Tensor& slot_mapping,
-                                                             int64_t heads, bool return_kv) {
+                                                             int64_t heads, bool return_kv,
+                                                             const std::optional<at::Tensor>& q_norm,
+                                                             const std::optional<at::Tensor>& k_norm, double eps) {
   TORCH_CHECK(qkv_in.dim() == 3 && qkv_in.scalar_type() == at::kFloat,
               "rope_write_kv: qkv must be float32 [T, heads + 2 * kv_heads, head_dim]");
   const int64_t tokens = qkv_in.size(0), rows = qkv_in.size(1), d = qkv_in.size(2);
@@ -111,6 +141,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& q
               "rope_write_kv: caches must be contiguous [kv_heads, blocks, block_size, head_dim] of one dtype");
   TORCH_CHECK(cos_in.numel() == tokens * d && sin_in.numel() == tokens * d, "rope_write_kv: cos/sin must be [T, d]");
   TORCH_CHECK(slot_mapping.numel() == tokens, "rope_write_kv: one slot per token");
+  const bool normed = q_norm.has_value() && q_norm->defined();
+  TORCH_CHECK(normed == (k_norm.has_value() && k_norm->defined()), "rope_write_kv: q_norm and k_norm come together");
+  if (normed)
+    TORCH_CHECK(d <= kMaxHeadDim && q_norm->numel() == d && k_norm->numel() == d &&
+                    q_norm->scalar_type() == at::kFloat && k_norm->scalar_type() == at::kFloat &&
+                    q_norm->is_contiguous() && k_norm->is_contiguous(),
+                "rope_write_kv: q_norm and k_norm must be contiguous float32 [head_dim <= 512]");
+  const float* qn = normed ? q_norm->data_ptr<float>() : nullptr;
+  const float* kn = normed ? k_norm->data_ptr<float>() : nullptr;
+  const float e = static_cast<float>(eps);
   const at::Tensor qkv = qkv_in.contiguous();
   const at::Tensor cos = cos_in.to(at::kFloat).contiguous(), sin = sin_in.to(at::kFloat).contiguous();
   const at::Tensor slots = slot_mapping.to(at::kLong).contiguous();
@@ -125,10 +165,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& q
   at::Tensor* ko = return_kv ? &k : nullptr;
   at::Tensor* vo = return_kv ? &v : nullptr;
   if (k_cache.scalar_type() == at::kBFloat16) {
-    run<at::BFloat16>(qkv, cos, sin, k_cache, v_cache, slots, heads, q, ko, vo);
+    run<at::BFloat16>(qkv, cos, sin, k_cache, v_cache, slots, heads, q, ko, vo, qn, kn, e);
   } else {
     TORCH_CHECK(k_cache.scalar_type() == at::kFloat, "rope_write_kv: cache must be bf16 or float32");
-    run<float>(qkv, cos, sin, k_cache, v_cache, slots, heads, q, ko, vo);
+    run<float>(qkv, cos, sin, k_cache, v_cache, slots, heads, q, ko, vo, qn, kn, e);
   }
   return {q, k, v};
 }
@@ -137,7 +177,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& q
 
 TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
   lib.def("rope_write_kv(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-          "Tensor slot_mapping, int heads, bool return_kv) -> (Tensor, Tensor, Tensor)",
+          "Tensor slot_mapping, int heads, bool return_kv, Tensor? q_norm=None, Tensor? k_norm=None, "
+          "float eps=1e-6) -> (Tensor, Tensor, Tensor)",
           &rope_write_kv);
 }
 
