@@ -112,6 +112,22 @@ def test_decode_attention_matches_reference(cache_dtype, heads, kv_heads, head_d
     assert (out.double() - ref).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_decode_attention_one_task_per_query_head_is_the_grouped_math(head_dim):
+    """One sequence runs a task per query head (threads would idle on one kv head's task); a batch runs one
+    task per (sequence, kv head). Both compute the same sums in the same order: bit for bit equal rows."""
+    g = torch.Generator().manual_seed(head_dim)
+    k_cache = torch.randn(2, 40, 16, head_dim, generator=g).bfloat16()
+    v_cache = torch.randn(2, 40, 16, head_dim, generator=g).bfloat16()
+    tables = torch.randperm(40, generator=g)[:20][None, :]
+    q = torch.randn(1, 6, head_dim, generator=g)
+    one = kernels.decode_attention(q, k_cache, v_cache, tables, torch.tensor([300]), 0.1, 0)
+    batch = kernels.decode_attention(
+        q.repeat(8, 1, 1), k_cache, v_cache, tables.repeat(8, 1), torch.tensor([300] * 8), 0.1, 0
+    )
+    assert all(torch.equal(one[0], row) for row in batch)
+
+
 def test_decode_attention_refuses_contexts_outside_the_table():
     k = torch.zeros(1, 4, 16, 64, dtype=torch.bfloat16)
     tables = torch.zeros(1, 2, dtype=torch.long)

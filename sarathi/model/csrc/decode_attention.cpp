@@ -154,6 +154,36 @@ void attend_group(
     for (int i = 0; i < VECS; ++i) _mm512_storeu_ps(out + h * d + i * kLanes, acc[h][i]);
 }
 
+// One query head over its kv head, VECS = head_dim / 16 a compile-time constant: the query and the value
+// accumulators live in registers. The same math, in the same order, as attend_group's rows; used where a
+// (sequence, kv head) task would leave threads idle (one sequence) or attend_group has no instance (head_dim
+// 256: Gemma 3).
+template <typename T, int VECS>
+void attend_head(const float* q, const T* k_head, const T* v_head, const int64_t* table, int64_t first,
+                 int64_t context, int64_t block_size, float scale, float* scores, float* out) {
+  constexpr int64_t d = VECS * kLanes;
+  __m512 qv[VECS];
+#pragma GCC unroll 16
+  for (int i = 0; i < VECS; ++i) qv[i] = _mm512_mul_ps(_mm512_loadu_ps(q + i * kLanes), _mm512_set1_ps(scale));
+  for_each_key(k_head, v_head, table, first, context, block_size, d, [&](int64_t j, const T* key) {
+    __m512 acc = _mm512_mul_ps(qv[0], load16(key));
+#pragma GCC unroll 16
+    for (int i = 1; i < VECS; ++i) acc = _mm512_fmadd_ps(qv[i], load16(key + i * kLanes), acc);
+    scores[j] = _mm512_reduce_add_ps(acc);
+  });
+  softmax_rows(scores, 1, context - first);
+  __m512 acc[VECS];
+#pragma GCC unroll 16
+  for (int i = 0; i < VECS; ++i) acc[i] = _mm512_setzero_ps();
+  for_each_key(v_head, static_cast<const T*>(nullptr), table, first, context, block_size, d, [&](int64_t j, const T* value) {
+    const __m512 p = _mm512_set1_ps(scores[j]);
+#pragma GCC unroll 16
+    for (int i = 0; i < VECS; ++i) acc[i] = _mm512_fmadd_ps(p, load16(value + i * kLanes), acc[i]);
+  });
+#pragma GCC unroll 16
+  for (int i = 0; i < VECS; ++i) _mm512_storeu_ps(out + i * kLanes, acc[i]);
+}
+
 // Any head_dim (multiple of 16, <= 256) and grouping: the same math with runtime loop bounds, one query head
 // at a time.
 template <typename T>
@@ -181,6 +211,19 @@ void attend_group_generic(
       _mm512_storeu_ps(out + h * d + i * kLanes, acc);
     }
   }
+}
+
+template <typename T>
+using HeadFn = void (*)(const float*, const T*, const T*, const int64_t*, int64_t, int64_t, int64_t, float, float*,
+                        float*);
+
+// The compiled head sizes of attend_head: 64, 128 and 256.
+template <typename T>
+HeadFn<T> head_specialized(int64_t vecs) {
+  if (vecs == 4) return &attend_head<T, 4>;
+  if (vecs == 8) return &attend_head<T, 8>;
+  if (vecs == 16) return &attend_head<T, 16>;
+  return nullptr;
 }
 
 template <typename T>
@@ -217,6 +260,20 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
   const int64_t head_stride = num_blocks * block_size * d;
   const float s = static_cast<float>(scale);
   const GroupFn<T> group = specialized<T>(d / kLanes, rep);
+  const HeadFn<T> head = head_specialized<T>(d / kLanes);
+  if (head && (!group || batch * kv_heads < at::get_num_threads())) {  // one task per query head
+    at::parallel_for(0, batch * heads, 1, [&](int64_t t0, int64_t t1) {
+      std::vector<float> scores;
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t b = t / heads, g = t % heads / rep, context = lp[b];
+        const int64_t first = window > 0 ? std::max<int64_t>(0, context - window) : 0;
+        scores.resize(static_cast<size_t>(context - first));
+        head(qp + t * d, kp + g * head_stride, vp + g * head_stride, tp + b * max_blocks, first, context,
+             block_size, s, scores.data(), op + t * d);
+      }
+    });
+    return;
+  }
   at::parallel_for(0, batch * kv_heads, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> scores;
     for (int64_t t = t0; t < t1; ++t) {
