@@ -274,6 +274,10 @@ class BlockManager:
 
     def try_append_slots(self, seq_id: str, num_tokens: int) -> bool:
         """``append_slots`` if there is room (True), else nothing (False): one check on the hot path."""
+        state = self._state(seq_id)
+        if -(-num_tokens // self.block_size) <= -(-state.reserved // self.block_size):  # within its blocks
+            state.reserved = max(state.reserved, num_tokens)
+            return True
         cost = self._growth_cost(seq_id, num_tokens)
         if cost == 0:
             self._grow(seq_id, num_tokens)
