@@ -14,11 +14,11 @@ SCHEDULER_NAMES = ("sarathi", "vllm", "orca", "faster_transformer", "simple_chun
 DEFAULT_TOKEN_BUDGET = 64
 DEFAULT_MAX_NUM_SEQS = 128
 DEFAULT_KV_CACHE_MEMORY_GIB = 2.0
-DTYPES = ("float32", "bfloat16")
-COMPUTE_DTYPES = ("auto", *DTYPES)
+DTYPES = ("auto", "float32", "bfloat16")
+COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
 EXECUTOR_BACKENDS = ("mp", "ray")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
-QUANTIZATIONS = ("none", "gguf", "int8", "int4")
+QUANTIZATIONS = ("auto", "none", "gguf", "int8", "int4")
 
 
 def knob(
@@ -169,14 +169,16 @@ class ModelConfig:
     ``model`` is a Hugging Face checkpoint folder, a .gguf file, or None for the embedded SmolLM2-135M.
     ``load_format`` is 'auto', 'safetensors', 'gguf' or 'dummy' (random weights for the folder's config or
     ``hf_config``). ``max_model_len`` None means the model's own maximum. ``dtype`` is what weights and the
-    KV cache are stored in; ``compute_dtype`` what matmuls compute in: float32, or bfloat16 with bfloat16
-    weights (bf16 inputs, float32 accumulation: 2-3x faster, within 1.3x of that scheme's rounding floor),
-    or 'auto' (the default: bfloat16 where our bf16 kernel runs, else float32). float32 everywhere is the
-    exact setting (``dtype='float32'``). ``quantization`` 'gguf' keeps a GGUF file's quantized linear layers
-    in the file's bytes (our quantized kernel: the file's exact weights times bf16 activations, float32 sums;
-    needs ``dtype='bfloat16'``); 'int8' / 'int4' quantize any checkpoint's linear layers at load (groups of
-    32: int8 with a scale, as GGUF Q8_0; int4 with a scale and an offset, as Q4_1); 'none' keeps (or
-    dequantizes to) ``dtype``.
+    KV cache are stored in: 'auto' (the default) is bfloat16 with a GGUF file's quantized layers kept in
+    their bytes, 'bfloat16' every weight in bf16 (a GGUF file dequantized), 'float32' the exact setting.
+    ``compute_dtype`` is what matmuls compute in: float32, or bfloat16 with bfloat16 weights (bf16 inputs,
+    float32 accumulation: 2-3x faster, within 1.3x of that scheme's rounding floor), or 'auto' (bfloat16
+    where our bf16 kernel runs, else float32). ``quantization`` (vLLM's names): 'auto' (the default) is
+    'gguf' for a GGUF model (the embedded and packaged ones included) with ``dtype`` 'auto' where our
+    kernels run, else 'none'; 'gguf' keeps a GGUF file's quantized linear layers in the file's bytes (the
+    file's exact weights times bf16 or two-term int8 activations, float32 sums); 'int8' / 'int4' quantize
+    any checkpoint's linear layers at load (groups of 32: int8 with a scale, as GGUF Q8_0; int4 with a
+    scale and an offset, as Q4_1); 'none' keeps (or dequantizes to) ``dtype``.
     """
 
     model: str | None = knob(None, "HF checkpoint folder or .gguf file (default: embedded SmolLM2)")
@@ -185,7 +187,12 @@ class ModelConfig:
         "auto (by path: .gguf, else a safetensors folder), or dummy (random weights for a config)",
         choices=LOAD_FORMATS,
     )
-    dtype: str = knob("bfloat16", "weights and KV cache (float32: exact, slower)", choices=DTYPES)
+    dtype: str = knob(
+        "auto",
+        "weights and KV cache: auto (bfloat16, a GGUF file's quantized layers kept in their bytes), "
+        "bfloat16 (every weight in bf16, GGUF dequantized), float32 (exact, slower)",
+        choices=DTYPES,
+    )
     compute_dtype: str = knob(
         "auto",
         "matmul arithmetic: bfloat16 (bf16 inputs, fp32 accumulation; needs --dtype bfloat16), float32, "
@@ -193,8 +200,9 @@ class ModelConfig:
         choices=COMPUTE_DTYPES,
     )
     quantization: str = knob(
-        "none",
-        "gguf: serve a GGUF file's quantized layers in its own bytes (bf16 activations, fp32 sums); "
+        "auto",
+        "auto: gguf for a GGUF model (the embedded one included) with --dtype auto, else none; "
+        "gguf: serve a GGUF file's quantized layers in its own bytes (fp32 sums); "
         "int8 / int4: quantize the linear layers at load (groups of 32); none: weights in --dtype",
         choices=QUANTIZATIONS,
     )
@@ -214,19 +222,24 @@ class ModelConfig:
             raise ValueError(
                 f"unknown compute_dtype {self.compute_dtype!r}; choose one of: {', '.join(COMPUTE_DTYPES)}"
             )
-        if self.compute_dtype == "bfloat16" and self.dtype != "bfloat16":
+        if self.compute_dtype == "bfloat16" and self.dtype == "float32":
             raise ValueError("compute_dtype 'bfloat16' needs dtype 'bfloat16' (bf16 math reads bf16 weights)")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(
                 f"unknown quantization {self.quantization!r}; choose one of: {', '.join(QUANTIZATIONS)}"
             )
-        quantized = self.quantization != "none"
-        if quantized and (self.dtype != "bfloat16" or self.compute_dtype == "float32"):
+        quantized = self.quantization not in ("auto", "none")
+        if quantized and (self.dtype == "float32" or self.compute_dtype == "float32"):
             raise ValueError(
                 f"quantization {self.quantization!r} uses bf16 activations: it needs dtype 'bfloat16'"
             )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+
+    @property
+    def storage_dtype(self) -> str:
+        """The dtype the weights (those not kept quantized) and the KV cache are stored in."""
+        return "bfloat16" if self.dtype == "auto" else self.dtype
 
 
 @dataclass(frozen=True)

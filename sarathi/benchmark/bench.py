@@ -92,6 +92,9 @@ def run_one_in_process(
     entry["model"] = engine_config.model.model or "embedded SmolLM2-135M-Instruct"
     entry["dtype"] = engine_config.model.dtype
     entry["compute_dtype"] = engine_config.model.compute_dtype
+    from sarathi.model.loader import effective_quantization
+
+    entry["quantization"] = effective_quantization(engine_config.model)
     entry["tensor_parallel_size"] = engine_config.parallel.tensor_parallel_size
     entry["pipeline_parallel_size"] = engine_config.parallel.pipeline_parallel_size
     return BenchRun(config, store, entry)

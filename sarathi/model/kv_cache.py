@@ -50,7 +50,7 @@ def kv_blocks_for(config: EngineConfig, arch: ModelArchConfig) -> int:
     if cc.num_kv_blocks is not None:
         return cc.num_kv_blocks
     gib = DEFAULT_KV_CACHE_MEMORY_GIB if cc.kv_cache_memory_gib is None else cc.kv_cache_memory_gib
-    dtype = getattr(torch, config.model.dtype)
+    dtype = getattr(torch, config.model.storage_dtype)
     per_block = max(
         kv_cache_bytes_per_block(arch, cc.block_size, dtype, shard) for shard in shards_of(config)
     )

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from sarathi.config import ModelConfig
 from sarathi.model import kernels
 from sarathi.model.config import ModelArchConfig
 from sarathi.model.gguf_loader import GGUFCheckpoint
@@ -15,7 +16,7 @@ from sarathi.model.linear import Linear
 from sarathi.model.llama import LlamaForCausalLM
 from sarathi.model.parallel import WHOLE_MODEL, ShardSpec, TensorParallelGroup
 from sarathi.model.quantized import LOAD_TIME_FORMATS
-from sarathi.model.resolve import resolve_model
+from sarathi.model.resolve import resolve_model, serves_gguf_file
 from sarathi.model.safetensors_folder import (
     MissingTensorError,
     SafetensorsCheckpoint,
@@ -33,6 +34,19 @@ def resolve_compute_dtype(dtype: torch.dtype, compute_dtype: str) -> torch.dtype
     if compute_dtype == "auto":
         return torch.bfloat16 if dtype == torch.bfloat16 and kernels.available() else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[compute_dtype]
+
+
+def effective_quantization(config: ModelConfig) -> str:
+    """The quantization ``config`` serves: 'auto' is 'gguf' for a GGUF model with dtype 'auto' where our
+    kernels run (the file's own bytes: less to stream per step, logits within the bf16 contract), else
+    'none'."""
+    if config.quantization != "auto":
+        return config.quantization
+    if config.dtype != "auto" or config.compute_dtype == "float32":
+        return "none"
+    if not serves_gguf_file(config.model, config.load_format):
+        return "none"
+    return "gguf" if kernels.available() else "none"
 
 
 def load_model(

@@ -36,6 +36,16 @@ class ResolvedModel:
     tokenizer_dir: str | None
 
 
+def serves_gguf_file(model: str | None, load_format: str = "auto") -> bool:
+    """Whether ``model`` is read from a GGUF file: a .gguf path, a packaged model's name, or the embedded
+    model (None), unless ``load_format`` says otherwise."""
+    if load_format != "auto":
+        return load_format == "gguf"
+    if model is None:
+        return True
+    return model.endswith(".gguf") or (model in PACKAGED_MODELS and not Path(model).exists())
+
+
 def resolve_model(
     model: str | None,
     load_format: str = "auto",

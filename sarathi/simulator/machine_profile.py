@@ -66,11 +66,12 @@ def profile_key(config: EngineConfig) -> dict:
     import torch
 
     from sarathi.model import kernels
+    from sarathi.model.loader import effective_quantization
 
     m, p = config.model, config.parallel
     return {
         "kernels": kernels.source_digest(),
-        "quantization": m.quantization,
+        "quantization": effective_quantization(m),
         "cpu": cpu_identity().key(),
         "grid_version": GRID_VERSION,
         "cores": os.cpu_count(),

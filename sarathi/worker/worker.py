@@ -13,7 +13,7 @@ import torch
 from sarathi.config import EngineConfig
 from sarathi.engine.step_messages import SampledToken, StageTiming, StepInput, StepOutput
 from sarathi.model import allocate_kv_cache, load_model
-from sarathi.model.loader import resolve_compute_dtype
+from sarathi.model.loader import effective_quantization, resolve_compute_dtype
 from sarathi.model.parallel import WHOLE_MODEL, ParallelContext, ShardSpec, TensorParallelGroup
 from sarathi.worker.grammar_masks import CONSTRAINT_FAILED, GrammarMasks
 from sarathi.worker.model_runner import ModelRunner, RequestState
@@ -41,13 +41,13 @@ class Worker:
         mc = config.model
         self.shard = shard
         self.context = context or ParallelContext(shard, TensorParallelGroup())
-        self.dtype = TORCH_DTYPES[mc.dtype]
+        self.dtype = TORCH_DTYPES[mc.storage_dtype]
         self.model, self.arch, tokenizer_dir = load_model(
             mc.model,
             load_format=mc.load_format,
             dtype=self.dtype,
             compute_dtype=resolve_compute_dtype(self.dtype, mc.compute_dtype),
-            quantization=mc.quantization,
+            quantization=effective_quantization(mc),
             hf_config=mc.hf_config,
             seed=mc.seed,
             shard=shard,

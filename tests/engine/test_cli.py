@@ -35,7 +35,12 @@ def test_flags_map_to_the_engine_config():
     assert c.scheduler.chunk_schedule is None
     assert c.model.compute_dtype == "auto"
     default = _config()
-    assert (default.model.dtype, default.model.compute_dtype) == ("bfloat16", "auto")
+    assert (default.model.dtype, default.model.compute_dtype, default.model.quantization) == (
+        "auto",
+        "auto",
+        "auto",
+    )
+    assert default.model.storage_dtype == "bfloat16"
     fast = _config("--dtype", "bfloat16", "--compute-dtype", "bfloat16")
     assert (fast.model.dtype, fast.model.compute_dtype) == ("bfloat16", "bfloat16")
     dyn = _config("--token-budget", "256", "--low-chunk-size", "32", "--chunk-schedule-stages", "3")
@@ -121,3 +126,20 @@ def test_engine_config_keywords_come_from_the_fields():
     assert c.parallel.tensor_parallel_size == 2 and c.scheduler.token_budget == SchedulerConfig().token_budget
     with pytest.raises(TypeError, match="unexpected keyword arguments: name"):
         engine_config(name="orca")
+
+
+def test_a_gguf_model_is_served_in_its_own_quantization_by_default():
+    from sarathi.model import kernels
+    from sarathi.model.loader import effective_quantization
+
+    own = "gguf" if kernels.available() else "none"
+    assert effective_quantization(_config().model) == own  # the embedded model's shipped file
+    assert effective_quantization(_config("--model", "gemma3-270m").model) == own
+    assert effective_quantization(_config("--model", "/models/x.gguf").model) == own
+    assert effective_quantization(_config("--dtype", "bfloat16").model) == "none"  # dequantized, as before
+    assert effective_quantization(_config("--dtype", "float32").model) == "none"
+    assert effective_quantization(_config("--compute-dtype", "float32").model) == "none"
+    assert effective_quantization(_config("--model", "/models/hf-folder").model) == "none"
+    assert effective_quantization(_config("--quantization", "int8", "--model", "/models/hf").model) == "int8"
+    with pytest.raises(ValueError, match="needs dtype 'bfloat16'"):
+        _config("--quantization", "gguf", "--dtype", "float32")
