@@ -105,6 +105,7 @@ _MODE_KEYS = {
     "model": None,
     "dtype": None,
     "compute_dtype": None,
+    "quantization": None,
     "tensor_parallel_size": None,
     "pipeline_parallel_size": None,
     "url": None,

@@ -14,6 +14,8 @@
 - `rope_write_kv`: RoPE on q and k and the KV-cache write of k and v, one pass over qkv (`csrc/rope_kv.cpp`).
 - `quant_gemm`: x @ W^T for a weight kept in its GGUF quantization, codes decoded to bf16 in registers,
   float32 sums (`csrc/quant_gemm.cpp`, layout from `sarathi/model/quantized.py`).
+- `quant_rows`: rows of such a weight dequantized to float32: a quantized token table's lookup
+  (`csrc/quant_rows.cpp`).
 - `mask_logits_by_bitmask`: structured outputs' packed token bitmask applied to logit rows in place
   (`csrc/token_bitmask.cpp`).
 
@@ -112,6 +114,13 @@ def quant_gemm(x: torch.Tensor, w: PackedQuant, out: torch.Tensor) -> None:
     """out (float32 [M, w.rows], rows may be strided) = x [M, w.cols] (bf16, or float32 rounded to bf16)
     times the quantized weight's transpose."""
     torch.ops.sarathi_kernels.quant_gemm(x, w.codes, w.d, w.sc, w.dm, w.mc, w.bits, w.sub, w.zero, out)
+
+
+def quant_rows(ids: torch.Tensor, w: PackedQuant) -> torch.Tensor:
+    """float32 [len(ids), w.cols]: rows ``ids`` of the quantized weight, dequantized exactly."""
+    return torch.ops.sarathi_kernels.quant_rows(
+        ids, w.codes, w.d, w.sc, w.dm, w.mc, w.rows, w.bits, w.sub, w.zero
+    )
 
 
 def decode_attention(

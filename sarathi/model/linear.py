@@ -109,6 +109,11 @@ class Linear(nn.Module):
         return sorted(set(self._formats))
 
     @property
+    def quantized_weight(self) -> quantized.PackedQuant | None:
+        """The quantized weight when it is one segment of one format (what a tied embedding can share)."""
+        return self._quant[0][1] if len(self._quant) == 1 else None
+
+    @property
     def weight_bytes(self) -> int:
         """Resident bytes of the weight as this layer holds it."""
         if self._quant:

@@ -26,6 +26,7 @@ from sarathi.core.kv_groups import layer_slots
 from sarathi.model import kernels
 from sarathi.model.attention import AttentionMetadata
 from sarathi.model.config import ModelArchConfig
+from sarathi.model.embedding import TokenEmbedding
 from sarathi.model.linear import Linear
 from sarathi.model.paged_attention import CacheReadPlan, GatherWorkspace, paged_attention, plan_cache_reads
 from sarathi.model.parallel import WHOLE_MODEL, ShardSpec, TensorParallelGroup
@@ -263,10 +264,9 @@ class LlamaForCausalLM(nn.Module):
         dtypes = Dtypes(dtype, compute_dtype)
         self.arch, self.dtype, self.compute_dtype, self.shard = arch, dtype, compute_dtype, shard
         self.first_layer, end_layer = shard.layer_range(arch.num_hidden_layers)
-        self.embed_tokens: nn.Embedding | None = None
+        self.embed_tokens: TokenEmbedding | None = None
         if shard.is_first_stage:
-            self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device)
-            self.embed_tokens.weight.requires_grad_(False)
+            self.embed_tokens = TokenEmbedding(arch.vocab_size, arch.hidden_size, dtype, device)
         self.layers = nn.ModuleList(
             DecoderLayer(arch, dtypes, device, shard, tp) for _ in range(self.first_layer, end_layer)
         )
@@ -313,7 +313,7 @@ class LlamaForCausalLM(nn.Module):
         if self.embed_tokens is not None:
             # The residual stream stays float32 in every model dtype: in bf16 this cuts SmolLM2's (30 layers)
             # relative logits error vs fp32 from 2.1e-2 to 1.2e-2, for elementwise adds on [T, hidden].
-            h = self.embed_tokens(input_ids).float()
+            h = self.embed_tokens(input_ids)
             if self.arch.embedding_scale != 1.0:
                 h = h * self.arch.embedding_scale
         elif hidden_states is None:
@@ -419,14 +419,24 @@ class LlamaForCausalLM(nn.Module):
         raises KeyError. Only this shard's slices are requested.
 
         With `quantized`, a linear layer whose parts it all returns (not None) keeps them quantized; the
-        others, the embedding and the norms are fetched as values. A tied LM head is quantized from the
-        embedding's blocks (the embedding itself stays a table of values)."""
+        others and the norms are fetched as values. So is the token table, unless its blocks are quantized
+        too: then it is kept in them, and a tied LM head is the same packed weight, held once."""
         params = dict(self.named_parameters())
         modules = dict(self.named_modules())
         sources = self.hf_weight_sources()
         tied_here = self.arch.tie_word_embeddings and "lm_head.weight" not in sources
         if quantized is not None and tied_here and self.lm_head is not None:
             sources["lm_head.weight"] = [TensorPart("model.embed_tokens.weight")]
+        if quantized is not None and self.embed_tokens is not None:
+            table = quantized(TensorPart("model.embed_tokens.weight"))
+            if table is not None:
+                del sources["embed_tokens.weight"]
+                if tied_here and self.lm_head is not None:
+                    del sources["lm_head.weight"]
+                    self.lm_head.load_quantized([table])
+                    self.embed_tokens.share_quantized(self.lm_head.quantized_weight, table.qtype)
+                else:
+                    self.embed_tokens.load_quantized(table)
         for name, parts in sources.items():
             module = modules.get(name.rpartition(".")[0])
             if quantized is not None and isinstance(module, Linear) and name.endswith(".weight"):
@@ -465,6 +475,17 @@ class LlamaForCausalLM(nn.Module):
                 for qtype in module.quantized_formats:
                     found.setdefault(qtype, []).append(name)
         return found
+
+    def weight_bytes(self) -> int:
+        """Resident bytes of every weight as held: quantized blocks, packed layouts or values, a tied table
+        shared with the LM head counted once."""
+        tables = [m for m in self.modules() if isinstance(m, (Linear, TokenEmbedding))]
+        total = sum(m.weight_bytes for m in tables)
+        tied = self.embed_tokens is not None and self.lm_head is not None
+        if tied and self.embed_tokens.weight is not None and self.lm_head.weight is self.embed_tokens.weight:
+            total -= self.embed_tokens.weight_bytes  # one Parameter behind both
+        counted = {id(m.weight) for m in tables if m.weight is not None}
+        return total + sum(p.numel() * p.element_size() for p in self.parameters() if id(p) not in counted)
 
     def pack_weights(self) -> None:
         """Switch every linear layer to pre-packed oneDNN weights where supported (irreversible)."""

@@ -151,3 +151,34 @@ def test_layer_rejects_parts_of_the_wrong_shape() -> None:
         layer.load_quantized([random_quantized("Q8_0", 16, 96)])
     with pytest.raises(ValueError, match="rows"):
         layer.load_quantized([random_quantized("Q8_0", 8, 64)])
+
+
+@pytest.mark.parametrize("qtype", list(quantized.FORMATS))
+def test_rows_of_a_quantized_table_equal_gguf_dequantization(qtype: str) -> None:
+    """The token lookup of a quantized table: every row of a tile (0, 15, 16 start and end tiles, 36 in the
+    partial last one), repeated ids, exactly the gguf package's values (k-quants: to its float32 rounding)."""
+    rows, cols = shape_for(qtype)
+    t = random_quantized(qtype, rows, cols, seed=11)
+    ids = torch.tensor([0, 15, 16, 36, 5, 5, 31, 32])
+    got = kernels.quant_rows(ids, quantized.pack(quantized.unpack(t)))
+    exact = quantized.dequantize(quantized.unpack(t))[ids]
+    assert torch.equal(got, exact)
+    ref = gguf_dequantized(t)[ids]
+    tol = 1e-6 * ref.abs().max().item() if quantized.FORMATS[qtype].sub_scales else 0.0
+    assert (got - ref).abs().max().item() <= tol
+
+
+def test_quantized_table_lookup_rejects_ids_outside_the_vocabulary() -> None:
+    from sarathi.model.embedding import TokenEmbedding
+
+    table = TokenEmbedding(37, 96, torch.bfloat16, "cpu")
+    table.load_quantized(random_quantized("Q8_0", 37, 96))
+    assert (
+        table.weight is None
+        and table.weight_bytes == quantized.pack(quantized.unpack(random_quantized("Q8_0", 37, 96))).nbytes
+    )
+    assert table(torch.tensor([[1, 2], [3, 36]])).shape == (2, 2, 96)
+    with pytest.raises(RuntimeError, match="outside"):
+        table(torch.tensor([37]))
+    with pytest.raises(ValueError, match="expected 37 x 96"):
+        table.load_quantized(random_quantized("Q8_0", 36, 96))
