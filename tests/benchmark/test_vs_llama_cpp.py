@@ -11,7 +11,9 @@ import pytest
 
 from benchmarks import cpu_load
 from benchmarks import llama_cpp_build as build
+from benchmarks import serving_probes as probes
 from benchmarks import vs_llama_cpp as vs
+from benchmarks import vs_llama_cpp_report as report
 
 
 def test_llama_server_command_has_the_issue_flags_and_caps_the_ubatch():
@@ -30,22 +32,31 @@ def test_llama_server_command_has_the_issue_flags_and_caps_the_ubatch():
     assert (small[small.index("-b") + 1], small[small.index("-ub") + 1]) == ("32", "32")
 
 
-def test_sarathi_serve_command():
-    cmd = vs.sarathi_serve_command(9000, 128, python="py")
+def test_sarathi_serve_command_serves_the_same_file_at_its_defaults():
+    cmd = vs.sarathi_serve_command(9000, 128, "/m/model.Q8_0.gguf", python="py")
     assert cmd[:4] == ["py", "-m", "sarathi", "serve"]
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == "9000"
     assert cmd[cmd.index("--token-budget") + 1] == "128"
-    assert "--quantization" not in cmd  # bf16 beside llama.cpp's BF16 file
-    quantized = vs.sarathi_serve_command(9000, 128, python="py", quantized=True)
-    assert quantized[quantized.index("--quantization") + 1] == "gguf"  # the shipped file's own blocks
+    assert cmd[cmd.index("--model") + 1] == "/m/model.Q8_0.gguf"
+    assert "--quantization" not in cmd and "--dtype" not in cmd  # the file's own quantization by default
 
 
 def test_server_command_dispatch():
-    assert vs.server_command(vs.ServerSetting("sarathi", 64), 1)[-1] == "64"
-    with pytest.raises(ValueError):
-        vs.server_command(vs.ServerSetting("llama.cpp", 64), 1)  # needs the GGUF
+    assert vs.server_command(vs.ServerSetting("sarathi", 64), 1, "w.gguf")[-1] == "w.gguf"
     cmd = vs.server_command(vs.ServerSetting("llama.cpp", 256), 1, "w.gguf")
     assert Path(cmd[0]).name == "llama-server" and cmd[cmd.index("-ub") + 1] == "256"
+    with pytest.raises(ValueError):
+        vs.server_command(vs.ServerSetting("other", 64), 1, "w.gguf")
+
+
+def test_model_and_quant_axes_are_checked():
+    args = vs.parse_args(["--model", "smollm2-135m,gemma3-270m", "--quant", "shipped,Q8_0"])
+    assert args.model == ["smollm2-135m", "gemma3-270m"] and args.quant == ["shipped", "Q8_0"]
+    assert vs.parse_args([]).quant == ["shipped"]
+    with pytest.raises(SystemExit):
+        vs.parse_args(["--quant", "Q3_K"])
+    with pytest.raises(SystemExit):
+        vs.parse_args(["--model", "llama-8b"])
 
 
 def test_settings_each_once():
@@ -87,7 +98,9 @@ def test_foreign_load():
 
 
 def _record(qps, tbt_p99, ttft_p50=0.2, failed=0):
-    return vs.ProbeRecord(qps, ttft_p50, 2 * ttft_p50, tbt_p99 / 2, tbt_p99, 100.0, 48, failed, 0.0, 1, False)
+    return probes.ProbeRecord(
+        qps, ttft_p50, 2 * ttft_p50, tbt_p99 / 2, tbt_p99, 100.0, 48, failed, 0.0, 1, False
+    )
 
 
 def _search(setting, knee, tbt_at_knee=0.1, slope=4.0):
@@ -99,50 +112,50 @@ def _search(setting, knee, tbt_at_knee=0.1, slope=4.0):
         return _record(qps, tbt_at_knee * (qps / knee) ** slope)
 
     settings = vs.SearchSettings(qps_start=2.0, qps_min=0.05, qps_max=64.0, rel_tol=0.1, max_probes=6)
-    result = vs.capacity_searches(measure, vs.SLOS, settings, vs.SettingResult(setting, "arxiv"))
+    result = probes.capacity_searches(measure, probes.SLOS, settings, probes.SettingResult(setting, "arxiv"))
     return result, measured
 
 
 def test_capacity_searches_share_one_memo_across_slos():
     result, measured = _search(vs.ServerSetting("llama.cpp", 64), knee=3.0)
     assert len(measured) == len(set(measured)) == len(result.probes)  # no load measured twice
-    strict, relaxed = (result.capacity[s.label] for s in vs.SLOS)
+    strict, relaxed = (result.capacity[s.label] for s in probes.SLOS)
     assert 0 < strict <= 3.0 < relaxed
-    assert result.probes[vs.qps_key(strict)].tbt_p99 <= 0.1
+    assert result.probes[probes.qps_key(strict)].tbt_p99 <= 0.1
     assert 2.0 in result.probes  # every search starts at qps_start: a load all settings share
 
 
 def test_a_failed_request_fails_the_probe_and_median_ttft_bounds_it():
-    slo = vs.SLOS[1]
+    slo = probes.SLOS[1]
     assert _record(1.0, 0.05).probe().meets(slo)
     assert not _record(1.0, 0.05, failed=1).probe().meets(slo)
     assert not _record(1.0, 0.05, ttft_p50=2.5).probe().meets(slo)
 
 
 def test_best_setting_highest_capacity_then_lower_tbt_then_smaller_knob():
-    slo = vs.SLOS[0]
+    slo = probes.SLOS[0]
 
     def result(knob, cap, tbt):
-        r = vs.SettingResult(vs.ServerSetting("llama.cpp", knob), "arxiv")
+        r = probes.SettingResult(vs.ServerSetting("llama.cpp", knob), "arxiv")
         r.capacity[slo.label] = cap
         if cap:
-            r.probes[vs.qps_key(cap)] = _record(cap, tbt)
+            r.probes[probes.qps_key(cap)] = _record(cap, tbt)
         return r
 
-    assert vs.best_setting([result(32, 1.0, 0.05), result(2048, 2.0, 0.09)], slo).setting.knob == 2048
-    assert vs.best_setting([result(32, 2.0, 0.09), result(2048, 2.0, 0.05)], slo).setting.knob == 2048
-    assert vs.best_setting([result(256, 2.0, 0.05), result(64, 2.0, 0.05)], slo).setting.knob == 64
-    assert vs.best_setting([result(256, 0.0, 0), result(64, 0.0, 0)], slo).setting.knob == 64
+    assert probes.best_setting([result(32, 1.0, 0.05), result(2048, 2.0, 0.09)], slo).setting.knob == 2048
+    assert probes.best_setting([result(32, 2.0, 0.09), result(2048, 2.0, 0.05)], slo).setting.knob == 2048
+    assert probes.best_setting([result(256, 2.0, 0.05), result(64, 2.0, 0.05)], slo).setting.knob == 64
+    assert probes.best_setting([result(256, 0.0, 0), result(64, 0.0, 0)], slo).setting.knob == 64
 
 
 def test_shared_loads_and_the_cdf_load():
     a, _ = _search(vs.ServerSetting("llama.cpp", 64), knee=3.0)
     b, _ = _search(vs.ServerSetting("sarathi", 64), knee=6.0)
-    loads = vs.shared_loads([a, b])
+    loads = probes.shared_loads([a, b])
     assert loads == sorted(set(a.probes) & set(b.probes)) and 2.0 in loads
-    q = vs.cdf_load([a, b], vs.SLOS[1])
-    assert q in loads and all(r.probes[q].probe().meets(vs.SLOS[1]) for r in (a, b))
-    assert vs.cdf_load([], vs.SLOS[1]) is None
+    q = probes.cdf_load([a, b], probes.SLOS[1])
+    assert q in loads and all(r.probes[q].probe().meets(probes.SLOS[1]) for r in (a, b))
+    assert probes.cdf_load([], probes.SLOS[1]) is None
 
 
 def test_compare_picks_roles_per_slo():
@@ -153,13 +166,13 @@ def test_compare_picks_roles_per_slo():
         _search(vs.ServerSetting("sarathi", 256), knee=4.0, slope=1.0)[0],
     ]
     tuned = {"strict 100ms": 64, "relaxed 500ms": 256}
-    c = vs.compare(results, tuned, 64, {}, 2.0)
-    for slo in vs.SLOS:
-        best = vs.best_setting(results[:2], slo)
+    c = report.compare(results, tuned, 64, {}, 2.0)
+    for slo in probes.SLOS:
+        best = probes.best_setting(results[:2], slo)
         assert c["compared"][slo.label]["llama.cpp best"] == best.setting.label
         assert c["capacity_qps"][slo.label]["llama.cpp best"] == best.capacity[slo.label]
         assert c["compared"][slo.label]["sarathi tuned"] == f"sarathi budget {tuned[slo.label]}"
-    assert set(c["lowest_failing_qps"]) == {s.label for s in vs.SLOS}
+    assert set(c["lowest_failing_qps"]) == {s.label for s in probes.SLOS}
     assert "2" in c["shared_loads"]
     assert set(c["shared_loads"]["2"]) == set(c["compared_settings"])
 
@@ -174,8 +187,8 @@ def test_quick_and_full_defaults():
 
 
 def test_pow2_near():
-    assert vs.pow2_near(4.76) == 4.0 and vs.pow2_near(6.1) == 8.0 and vs.pow2_near(0.0) == 1.0
-    assert math.isclose(vs.pow2_near(0.3), 0.25)
+    assert probes.pow2_near(4.76) == 4.0 and probes.pow2_near(6.1) == 8.0 and probes.pow2_near(0.0) == 1.0
+    assert math.isclose(probes.pow2_near(0.3), 0.25)
 
 
 def test_fresh_prompts_keep_arrivals_and_lengths_and_differ_per_salt():
@@ -185,19 +198,19 @@ def test_fresh_prompts_keep_arrivals_and_lengths_and_differ_per_salt():
 
     base = [BenchRequest("a", 0.0, 5, 3), BenchRequest("b", 0.5, 40, 7)]
     allowed = np.arange(10, 1000)
-    one = vs.fresh_prompts(base, allowed, (0, 4000000, 1))
+    one = probes.fresh_prompts(base, allowed, (0, 4000000, 1))
     assert [(r.request_id, r.arrival_time, r.num_prompt_tokens, r.num_output_tokens) for r in one] == [
         ("a", 0.0, 5, 3),
         ("b", 0.5, 40, 7),
     ]
     assert all(len(r.prompt_token_ids) == r.num_prompt_tokens for r in one)
     assert all(10 <= t < 1000 for r in one for t in r.prompt_token_ids)
-    assert vs.fresh_prompts(base, allowed, (0, 4000000, 1)) == one  # deterministic
-    other = vs.fresh_prompts(base, allowed, (0, 4000000, 2))
+    assert probes.fresh_prompts(base, allowed, (0, 4000000, 1)) == one  # deterministic
+    other = probes.fresh_prompts(base, allowed, (0, 4000000, 2))
     assert other[1].prompt_token_ids != one[1].prompt_token_ids
 
 
 def test_capacity_text_says_below_the_lowest_probe():
-    assert vs.capacity_text(2.828, 4.0) == "2.83"
-    assert vs.capacity_text(0.0, 1.0) == "<1"
-    assert vs.capacity_text(0.0, None) == "0"
+    assert report.capacity_text(2.828, 4.0) == "2.83"
+    assert report.capacity_text(0.0, 1.0) == "<1"
+    assert report.capacity_text(0.0, None) == "0"

@@ -143,7 +143,7 @@ def test_logprobs_chat_and_completions(strict_client, openai_client, model_name)
 
 def test_greedy_outputs_equal_offline_generate(openai_client, model_name, server):
     params = SamplingParams(temperature=0.0, max_tokens=24)
-    llm = LLM(num_kv_blocks=512)
+    llm = LLM(num_kv_blocks=512, dtype="float32")  # as the server runs
     tok = llm.get_tokenizer()
     offline = llm.generate(
         [tok.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS], params
