@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from sarathi.model.config import ModelArchConfig
+from sarathi.model.gguf_header import GGUFHeader, LongArray
 from sarathi.model.quantized import FORMATS, QuantizedTensor
 from sarathi.model.safetensors_folder import MissingTensorError
 from sarathi.model.weight_parts import TensorPart
@@ -64,9 +65,9 @@ def unpermute_rotary_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, half_dim, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
-    field = reader.get_field(key)
-    return default if field is None else field.contents()
+def _field(header: GGUFHeader, key: str, default: Any = None) -> Any:
+    value = header.metadata.get(key)
+    return default if value is None else value
 
 
 def _float32_value(x: float) -> float:
@@ -81,14 +82,14 @@ class GGUFCheckpoint:
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"GGUF file not found: {self.path}")
-        self.reader = gguf.GGUFReader(str(self.path))
-        self.architecture = _field(self.reader, "general.architecture")
+        self.header = GGUFHeader(self.path)
+        self.architecture = _field(self.header, "general.architecture")
         if self.architecture not in _SUPPORTED_ARCHITECTURES:
             raise ValueError(
                 f"unsupported GGUF architecture {self.architecture!r} in {self.path} "
                 f"(supported: {', '.join(_SUPPORTED_ARCHITECTURES)})"
             )
-        self._tensors = {t.name: t for t in self.reader.tensors}
+        self._tensors = {t.name: t for t in self.header.tensors}
         if "rope_freqs.weight" in self._tensors:
             raise ValueError(f"{self.path}: GGUF rope_freqs (per-frequency rope scaling) is not supported")
         self._by_hf_name = {
@@ -97,10 +98,13 @@ class GGUFCheckpoint:
         self.hf_config = self._hf_config()
 
     def _hf_config(self) -> dict[str, Any]:
-        arch, r = self.architecture, self.reader
+        arch, r = self.architecture, self.header
         heads = int(_field(r, f"{arch}.attention.head_count"))
         hidden = int(_field(r, f"{arch}.embedding_length"))
-        vocab = _field(r, f"{arch}.vocab_size") or len(r.get_field("tokenizer.ggml.tokens").data)
+        tokens = _field(r, "tokenizer.ggml.tokens")
+        vocab = _field(r, f"{arch}.vocab_size") or (
+            tokens.length if isinstance(tokens, LongArray) else len(tokens)
+        )
         d: dict[str, Any] = {
             "model_type": _MODEL_TYPES.get(arch, arch),
             "vocab_size": int(vocab),
