@@ -69,7 +69,9 @@ def main() -> int:
     print(
         f"{args.num_requests} {args.trace} requests (lengths x{args.length_scale:g}, at most "
         f"{args.max_total_tokens} tokens), Poisson arrivals at {args.qps:g} QPS, token budget "
-        f"{budget}, SmolLM2-135M {args.dtype}; schedulers: {args.schedulers}",
+        f"{budget}, SmolLM2-135M --dtype {args.dtype}"
+        f"{' (its Q4_1 file in its own blocks)' if args.dtype == 'auto' else ''}; "
+        f"schedulers: {args.schedulers}",
         file=sys.stderr,
     )
     return sarathi_main(

@@ -62,7 +62,7 @@ class DemoSettings:
     # vllm's simulated P99 TBT that marks "prompts overlap decodes", in one-sequence decode iterations.
     stall_multiple: float = RELAXED_MULTIPLE
     seed: int = 0
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # the engine's default: the embedded GGUF in its own quantization (Q4_1)
 
     def workload(self, qps: float | None = None) -> WorkloadConfig:
         return WorkloadConfig(
