@@ -107,7 +107,8 @@ def write_plots(comparison: dict, results: Sequence[SettingResult], out: Path) -
 
     paths = []
     for trace, c in comparison.items():
-        paths.append(plot_capacity_bars(c["capacity_qps"], out / f"capacity_bars_{trace}.png"))
+        name = trace.replace(" ", "_")  # "<model> <quant> <workload>"
+        paths.append(plot_capacity_bars(c["capacity_qps"], out / f"capacity_bars_{name}.png"))
         q = c["cdf_load_qps"]
         if q is None:
             continue
@@ -121,7 +122,7 @@ def write_plots(comparison: dict, results: Sequence[SettingResult], out: Path) -
                 plot_cdf(
                     stores,
                     metric,
-                    out / f"{metric}_cdf_{trace}.png",
+                    out / f"{metric}_cdf_{name}.png",
                     f"{metric.upper()} at {q:g} QPS ({trace})",
                 )
             )
