@@ -32,9 +32,7 @@ class TokenEmbedding(nn.Module):
     def load_quantized(self, table: QuantizedTensor) -> None:
         """Keep the table as these blocks, never dequantized in memory (needs our kernels)."""
         if (table.rows, table.cols) != (self.num_embeddings, self.dim):
-            raise ValueError(
-                f"quantized table is {table.rows} x {table.cols}, expected {self.num_embeddings} x {self.dim}"
-            )
+            raise ValueError(f"quantized table is {table.rows} x {table.cols}, expected {self._shape}")
         self.share_quantized(pack(unpack(table)), table.qtype)
         self._shared = False
 
