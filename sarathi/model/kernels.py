@@ -111,9 +111,16 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.T
 
 
 def quant_gemm(x: torch.Tensor, w: PackedQuant, out: torch.Tensor) -> None:
-    """out (float32 [M, w.rows], rows may be strided) = x [M, w.cols] (bf16, or float32 rounded to bf16)
-    times the quantized weight's transpose."""
+    """out (float32 [M, w.rows], rows may be strided) = x [M, w.cols] (float32 or bf16; the many-rows path
+    rounds it to bf16, the few-rows path quantizes it as given) times the quantized weight's transpose."""
     torch.ops.sarathi_kernels.quant_gemm(x, w.codes, w.d, w.sc, w.dm, w.mc, w.bits, w.sub, w.zero, out)
+
+
+def quant_linear(x: torch.Tensor, w: PackedQuant) -> torch.Tensor:
+    """`quant_gemm` into a new float32 [M, w.rows] output."""
+    return torch.ops.sarathi_kernels.quant_linear(
+        x, w.codes, w.d, w.sc, w.dm, w.mc, w.bits, w.sub, w.zero, w.rows
+    )
 
 
 def quant_rows(ids: torch.Tensor, w: PackedQuant) -> torch.Tensor:

@@ -183,14 +183,17 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the layer to x [..., in_features] (in the compute dtype)."""
-        if self._quant:
-            x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)  # once for all segments
-            y = torch.empty(x2.shape[0], self.out_features, dtype=torch.float32, device=x.device)
-            for row, w in self._quant:
-                kernels.quant_gemm(x2, w, y[:, row : row + w.rows])
+        if self._quant:  # the kernel reads bf16 or float32 x as it is (a decode step makes ~120 calls)
+            x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+            if len(self._quant) == 1:
+                y = kernels.quant_linear(x2, self._quant[0][1])
+            else:
+                y = torch.empty(x2.shape[0], self.out_features, dtype=torch.float32, device=x.device)
+                for row, w in self._quant:
+                    kernels.quant_gemm(x2, w, y[:, row : row + w.rows])
             if self.bias is not None:
                 y += self.bias
-            return y.view(*x.shape[:-1], self.out_features)
+            return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
         if self._bf16_packed is not None:
             return kernels.gemm(x, self._bf16_packed, self.out_features, self.bias)
         if self._packed is not None:

@@ -1,8 +1,11 @@
 // Decode attention over a paged KV cache, reading the cache's blocks in place (no gather into a buffer).
 //
-// One task per (sequence, kv head): its `rep` query heads (grouped-query attention) score every key of the
-// sequence's context, a float32 softmax, then the weighted sum of values. Queries, scores, softmax and
-// accumulation are float32; keys and values are read as stored (bf16 or float32) and widened exactly.
+// One task per (sequence, kv head, span of kChunkKeys keys): its `rep` query heads (grouped-query attention)
+// score the span's keys, a float32 softmax over them, then the weighted sum of values. A context longer than one
+// span is merged from its spans' results by their softmax maxima and sums (flash-decoding's split): so one long
+// sequence spreads over every thread, and a row's result depends on its own context only, never on the batch.
+// Queries, scores, softmax and accumulation are float32; keys and values are read as stored (bf16 or float32)
+// and widened exactly.
 //
 // Cache layout per layer: [kv_heads, num_blocks, block_size, head_dim]; block_tables [B, max_blocks].
 
@@ -48,8 +51,9 @@ inline __m512 load16<at::BFloat16>(const at::BFloat16* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
-// Each of `rows` rows of `context` scores -> its softmax, in place.
-void softmax_rows(float* scores, int64_t rows, int64_t context) {
+// Each of `rows` rows of `context` scores -> its softmax, in place; each row's max and sum of exponentials
+// into stats[2 * row], stats[2 * row + 1].
+void softmax_rows(float* scores, int64_t rows, int64_t context, float* stats) {
   const int64_t full = context / kLanes * kLanes;
   const __mmask16 tail = static_cast<__mmask16>((1u << (context - full)) - 1u);
   for (int64_t h = 0; h < rows; ++h) {
@@ -69,7 +73,9 @@ void softmax_rows(float* scores, int64_t rows, int64_t context) {
       _mm512_mask_storeu_ps(s + full, tail, e);
       sum = _mm512_mask_add_ps(sum, tail, sum, e);
     }
-    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+    const float total = _mm512_reduce_add_ps(sum);
+    stats[2 * h] = _mm512_reduce_max_ps(mx), stats[2 * h + 1] = total;
+    const __m512 inv = _mm512_set1_ps(1.0f / total);
     for (int64_t j = 0; j < full; j += kLanes) _mm512_storeu_ps(s + j, _mm512_mul_ps(_mm512_loadu_ps(s + j), inv));
     if (tail) _mm512_mask_storeu_ps(s + full, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, s + full), inv));
   }
@@ -111,7 +117,8 @@ void attend_group(
     const T* k_head, const T* v_head,  // this kv head's [num_blocks, block_size, d]
     const int64_t* table, int64_t first, int64_t context, int64_t block_size, float scale,
     float* scores,  // scratch [REP, context - first]
-    float* out) {  // [REP, d]
+    float* out,  // [REP, d]
+    float* stats) {  // [REP, 2]: softmax max and sum
   constexpr int64_t d = VECS * kLanes;
   const int64_t n = context - first;
   __m512 qv[REP][VECS];
@@ -131,7 +138,7 @@ void attend_group(
       scores[h * n + j] = _mm512_reduce_add_ps(acc);
     }
   });
-  softmax_rows(scores, REP, n);
+  softmax_rows(scores, REP, n, stats);
   __m512 acc[REP][VECS];
 #pragma GCC unroll 16
   for (int h = 0; h < REP; ++h)
@@ -155,12 +162,11 @@ void attend_group(
 }
 
 // One query head over its kv head, VECS = head_dim / 16 a compile-time constant: the query and the value
-// accumulators live in registers. The same math, in the same order, as attend_group's rows; used where a
-// (sequence, kv head) task would leave threads idle (one sequence) or attend_group has no instance (head_dim
-// 256: Gemma 3).
+// accumulators live in registers. The same math, in the same order, as attend_group's rows; used where
+// attend_group has no instance (head_dim 256: Gemma 3).
 template <typename T, int VECS>
 void attend_head(const float* q, const T* k_head, const T* v_head, const int64_t* table, int64_t first,
-                 int64_t context, int64_t block_size, float scale, float* scores, float* out) {
+                 int64_t context, int64_t block_size, float scale, float* scores, float* out, float* stats) {
   constexpr int64_t d = VECS * kLanes;
   __m512 qv[VECS];
 #pragma GCC unroll 16
@@ -171,7 +177,7 @@ void attend_head(const float* q, const T* k_head, const T* v_head, const int64_t
     for (int i = 1; i < VECS; ++i) acc = _mm512_fmadd_ps(qv[i], load16(key + i * kLanes), acc);
     scores[j] = _mm512_reduce_add_ps(acc);
   });
-  softmax_rows(scores, 1, context - first);
+  softmax_rows(scores, 1, context - first, stats);
   __m512 acc[VECS];
 #pragma GCC unroll 16
   for (int i = 0; i < VECS; ++i) acc[i] = _mm512_setzero_ps();
@@ -189,7 +195,7 @@ void attend_head(const float* q, const T* k_head, const T* v_head, const int64_t
 template <typename T>
 void attend_group_generic(
     const float* q, const T* k_head, const T* v_head, const int64_t* table, int64_t first, int64_t context,
-    int64_t block_size, int64_t d, int64_t rep, float scale, float* scores, float* out) {
+    int64_t block_size, int64_t d, int64_t rep, float scale, float* scores, float* out, float* stats) {
   const int64_t vecs = d / kLanes, n = context - first;
   for (int64_t h = 0; h < rep; ++h) {
     const float* qh = q + h * d;
@@ -200,7 +206,7 @@ void attend_group_generic(
       s[j] = _mm512_reduce_add_ps(acc) * scale;
     });
   }
-  softmax_rows(scores, rep, n);
+  softmax_rows(scores, rep, n, stats);
   for (int64_t h = 0; h < rep; ++h) {
     const float* s = scores + h * n;
     for (int64_t i = 0; i < vecs; ++i) {
@@ -215,7 +221,7 @@ void attend_group_generic(
 
 template <typename T>
 using HeadFn = void (*)(const float*, const T*, const T*, const int64_t*, int64_t, int64_t, int64_t, float, float*,
-                        float*);
+                        float*, float*);
 
 // The compiled head sizes of attend_head: 64, 128 and 256.
 template <typename T>
@@ -228,7 +234,7 @@ HeadFn<T> head_specialized(int64_t vecs) {
 
 template <typename T>
 using GroupFn = void (*)(const float*, const T*, const T*, const int64_t*, int64_t, int64_t, int64_t, float, float*,
-                         float*);
+                         float*, float*);
 
 // The compiled (head_dim / 16, group size) pairs: head_dim 64 or 128, 1 to 8 query heads per kv head.
 template <typename T>
@@ -243,6 +249,37 @@ GroupFn<T> specialized(int64_t vecs, int64_t rep) {
 #undef SARATHI_GROUP_CASES
 #undef SARATHI_GROUP_CASE
   return nullptr;
+}
+
+// Keys per span: a multiple of every usual block size; at 512 keys, SmolLM2's 3 kv heads make 12 tasks.
+constexpr int64_t kChunkKeys = 128;
+
+// The spans of a row's keys [first, context): aligned to multiples of kChunkKeys, so a row is split the same
+// way whatever batch it is in.
+struct Spans {
+  int64_t first, context;
+  int64_t begin() const { return first / kChunkKeys; }
+  int64_t count() const { return (context - 1) / kChunkKeys - begin() + 1; }
+  int64_t lo(int64_t c) const { return std::max(first, (begin() + c) * kChunkKeys); }
+  int64_t hi(int64_t c) const { return std::min(context, (begin() + c + 1) * kChunkKeys); }
+};
+
+// out[d] = the softmax-weighted mean of `n` spans' normalized outputs (span c's at partial + c * stride, its
+// softmax max and sum at stats + c * stat_stride).
+void merge_spans(const float* partial, int64_t stride, const float* stats, int64_t stat_stride, int64_t n,
+                 int64_t d, float* out) {
+  float top = -INFINITY, total = 0.0f;
+  for (int64_t c = 0; c < n; ++c) top = std::max(top, stats[c * stat_stride]);
+  for (int64_t i = 0; i < d; i += kLanes) _mm512_storeu_ps(out + i, _mm512_setzero_ps());
+  for (int64_t c = 0; c < n; ++c) {
+    const float w = stats[c * stat_stride + 1] * std::exp(stats[c * stat_stride] - top);
+    total += w;
+    for (int64_t i = 0; i < d; i += kLanes)
+      _mm512_storeu_ps(out + i, _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(partial + c * stride + i),
+                                                _mm512_loadu_ps(out + i)));
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / total);
+  for (int64_t i = 0; i < d; i += kLanes) _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_loadu_ps(out + i), inv));
 }
 
 template <typename T>
@@ -260,35 +297,57 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
   const int64_t head_stride = num_blocks * block_size * d;
   const float s = static_cast<float>(scale);
   const GroupFn<T> group = specialized<T>(d / kLanes, rep);
-  const HeadFn<T> head = head_specialized<T>(d / kLanes);
-  if (head && (!group || batch * kv_heads < at::get_num_threads())) {  // one task per query head
-    at::parallel_for(0, batch * heads, 1, [&](int64_t t0, int64_t t1) {
-      std::vector<float> scores;
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t b = t / heads, g = t % heads / rep, context = lp[b];
-        const int64_t first = window > 0 ? std::max<int64_t>(0, context - window) : 0;
-        scores.resize(static_cast<size_t>(context - first));
-        head(qp + t * d, kp + g * head_stride, vp + g * head_stride, tp + b * max_blocks, first, context,
-             block_size, s, scores.data(), op + t * d);
-      }
-    });
-    return;
+  // One query head per task where no grouped instance exists (head_dim 256: Gemma 3), else one kv head's group.
+  const HeadFn<T> head = group ? nullptr : head_specialized<T>(d / kLanes);
+  const int64_t units = head ? heads : kv_heads, per_unit = heads / units;
+  std::vector<Spans> spans(batch);
+  std::vector<int64_t> task0(batch + 1, 0), part0(batch + 1, 0);  // first task, first partial span of each row
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t context = lp[b], first = window > 0 ? std::max<int64_t>(0, context - window) : 0;
+    spans[b] = {first, context};
+    const int64_t n = spans[b].count();
+    task0[b + 1] = task0[b] + units * n;
+    part0[b + 1] = part0[b] + (n > 1 ? n : 0);
   }
-  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores;
+  // Rows of more than one span write each span's normalized output and softmax stats here, merged below.
+  at::Tensor partial = at::empty({part0[batch] * heads * (d + 2)}, q.options());
+  float* pp = partial.data_ptr<float>();
+  float* stat_p = pp + part0[batch] * heads * d;
+  at::parallel_for(0, task0[batch], 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scores(static_cast<size_t>(per_unit * kChunkKeys)), own_stats(2 * per_unit);
+    int64_t b = std::upper_bound(task0.begin(), task0.end(), t0) - task0.begin() - 1;
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / kv_heads, g = t % kv_heads, context = lp[b];
-      const int64_t first = window > 0 ? std::max<int64_t>(0, context - window) : 0;
-      scores.resize(static_cast<size_t>(rep * (context - first)));
-      const float* qg = qp + (b * heads + g * rep) * d;
-      float* og = op + (b * heads + g * rep) * d;
-      if (group) {
-        group(qg, kp + g * head_stride, vp + g * head_stride, tp + b * max_blocks, first, context, block_size, s,
-              scores.data(), og);
-      } else {
-        attend_group_generic<T>(qg, kp + g * head_stride, vp + g * head_stride, tp + b * max_blocks, first,
-                                context, block_size, d, rep, s, scores.data(), og);
+      while (t >= task0[b + 1]) ++b;
+      const Spans& sp_b = spans[b];
+      const int64_t n = sp_b.count(), u = (t - task0[b]) / n, c = (t - task0[b]) % n;
+      const int64_t g = head ? u / rep : u, h0 = u * per_unit;  // kv head, first query head
+      const float* qu = qp + (b * heads + h0) * d;
+      float* o = op + (b * heads + h0) * d;
+      float* st = own_stats.data();
+      if (n > 1) {  // partial span c of row b: [span][head][d], stats [span][head][2]
+        o = pp + ((part0[b] + c) * heads + h0) * d;
+        st = stat_p + ((part0[b] + c) * heads + h0) * 2;
       }
+      const int64_t* table = tp + b * max_blocks;
+      if (head) {
+        head(qu, kp + g * head_stride, vp + g * head_stride, table, sp_b.lo(c), sp_b.hi(c), block_size, s,
+             scores.data(), o, st);
+      } else if (group) {
+        group(qu, kp + g * head_stride, vp + g * head_stride, table, sp_b.lo(c), sp_b.hi(c), block_size, s,
+              scores.data(), o, st);
+      } else {
+        attend_group_generic<T>(qu, kp + g * head_stride, vp + g * head_stride, table, sp_b.lo(c), sp_b.hi(c),
+                                block_size, d, rep, s, scores.data(), o, st);
+      }
+    }
+  });
+  if (part0[batch] == 0) return;
+  at::parallel_for(0, batch * heads, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = r / heads, h = r % heads, n = part0[b + 1] - part0[b];
+      if (n > 1)
+        merge_spans(pp + (part0[b] * heads + h) * d, heads * d, stat_p + (part0[b] * heads + h) * 2, heads * 2, n, d,
+                    op + r * d);
     }
   });
 }

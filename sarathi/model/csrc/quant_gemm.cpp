@@ -1,4 +1,4 @@
-// y[M, N] (float32) = x[M, K] (bf16, or float32 rounded to bf16) @ W[N, K]^T for a weight kept in a GGUF
+// y[M, N] (float32) = x[M, K] (bf16 or float32) @ W[N, K]^T for a weight kept in a GGUF
 // quantization (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), never dequantized in memory.
 //
 // Every such format stores, per sub-block of 16 or 32 weights of a row, small integer codes q and scales:
@@ -7,8 +7,8 @@
 // sub-block, k-quants only). The scales are applied once per sub-block:
 //     sum_k w x = s * sum_k (q - z) x + m * sum_k x.
 // Two paths multiply the codes, both over exactly the file's values:
-// - a few rows of x (M <= kVnniMaxRows: decode, one sequence or a few): x is split into two int8 terms per 32
-//   positions (QuantizedRows: 16 bits of resolution, where one int8 term is too coarse for our contract),
+// - a few rows of x (M <= kVnniMaxRows: decode, one sequence or a few): x, as given (float32 or bf16, read in
+//   place, quantized into a per-thread buffer), is split into two int8 terms per 32 positions (QuantizedRows: 16 bits of resolution, where one int8 term is too coarse for our contract),
 //   and VPDPBUSD sums 4 code x int8 products per lane in int32, twice; one conversion to float32 per
 //   sub-block. This reads the weight once at near the memory's speed (codes are never widened past bytes).
 // - more rows (prefill, batched decode): the codes of a chunk are decoded to bf16 once into a per-thread
@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 namespace sarathi_kernels {
 namespace {
@@ -283,12 +284,20 @@ struct QuantizedRows {
 
 constexpr int kFine = 254;  // q2's steps per step of q1
 
-__attribute__((target("avx512f,avx512bw"))) void quantize_row(const float* x, int64_t k, int sub, int8_t* q1,
-                                                               int8_t* q2, float* dx, int32_t* isum,
-                                                               float* xsum) {
+// 16 values of a row of x (float32 or bf16) as float32.
+__attribute__((target("avx512f"))) inline __m512 load_x16(const float* p) { return _mm512_loadu_ps(p); }
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) inline __m512 load_x16(const at::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+template <typename T>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void quantize_row(const T* x, int64_t k, int sub, int8_t* q1,
+                                                                          int8_t* q2, float* dx, int32_t* isum,
+                                                                          float* xsum) {
   const __m512 fine = _mm512_set1_ps(static_cast<float>(kFine));
   for (int64_t b = 0; b < k / kGroup; ++b) {
-    const __m512 x0 = _mm512_loadu_ps(x + b * kGroup), x1 = _mm512_loadu_ps(x + b * kGroup + 16);
+    const __m512 x0 = load_x16(x + b * kGroup), x1 = load_x16(x + b * kGroup + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
     const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
     dx[b] = amax / (127.0f * kFine);
@@ -309,6 +318,24 @@ __attribute__((target("avx512f,avx512bw"))) void quantize_row(const float* x, in
       xsum[2 * b] = _mm512_reduce_add_ps(x0), xsum[2 * b + 1] = _mm512_reduce_add_ps(x1);
     }
   }
+}
+
+// The few rows of x the VNNI path multiplies, quantized into a per-thread buffer reused across calls (a decode
+// step makes ~100 calls: allocations would cost more than quantizing).
+template <typename T>
+QuantizedRows quantize_rows(const T* x, int64_t ldx, int64_t m, int64_t k, int64_t sub) {
+  static thread_local std::vector<int64_t> buffer;  // int64_t: 8-byte aligned parts
+  const int64_t nsub = k / sub, blocks = k / kGroup;
+  const int64_t codes = (2 * m * k + 7) / 8, floats = (m * (blocks + 2 * nsub) + 1) / 2;
+  buffer.resize(static_cast<size_t>(codes + floats));
+  int8_t* q = reinterpret_cast<int8_t*>(buffer.data());
+  float* dx = reinterpret_cast<float*>(buffer.data() + codes);
+  float* xsum = dx + m * blocks;
+  int32_t* isum = reinterpret_cast<int32_t*>(xsum + m * nsub);
+  for (int64_t i = 0; i < m; ++i)
+    quantize_row(x + i * ldx, k, static_cast<int>(sub), q + i * k, q + (m + i) * k, dx + i * blocks, isum + i * nsub,
+                 xsum + i * nsub);
+  return {q, q + m * k, dx, isum, xsum, k, sub};
 }
 
 // MR quantized rows of x against NB tiles, the whole depth: VPDPBUSD over the codes read in place.
@@ -460,16 +487,11 @@ void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tenso
   const int64_t ldy = out.stride(0);
   const int key = static_cast<int>(bits) * 1000 + static_cast<int>(sub) * 10 + (has_sc ? 2 : 0) + (has_min ? 1 : 0);
   if (m <= (bits == 8 ? kVnniUpToRows8 : kVnniUpToRows)) {
-    const at::Tensor xf = x_in.to(at::kFloat).contiguous();
-    const int64_t nsub = k / sub;
-    at::Tensor q = at::empty({2, m, k}, at::kChar), dx = at::empty({m, k / kGroup}, at::kFloat);
-    at::Tensor isum = at::empty({m, nsub}, at::kInt), xsum = at::empty({m, nsub}, at::kFloat);
-    for (int64_t i = 0; i < m; ++i)
-      quantize_row(xf.data_ptr<float>() + i * k, k, static_cast<int>(sub), q.data_ptr<int8_t>() + i * k,
-                   q.data_ptr<int8_t>() + (m + i) * k, dx.data_ptr<float>() + i * (k / kGroup), isum.data_ptr<int32_t>() + i * nsub,
-                   xsum.data_ptr<float>() + i * nsub);
-    const QuantizedRows xr{q.data_ptr<int8_t>(), q.data_ptr<int8_t>() + m * k, dx.data_ptr<float>(), isum.data_ptr<int32_t>(),
-                           xsum.data_ptr<float>(), k, sub};
+    const bool rows_in_place = x_in.stride(1) == 1 && (x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16);
+    const at::Tensor xc = rows_in_place ? x_in : x_in.to(at::kFloat).contiguous();
+    const QuantizedRows xr = xc.scalar_type() == at::kFloat
+                                 ? quantize_rows(xc.data_ptr<float>(), xc.stride(0), m, k, sub)
+                                 : quantize_rows(xc.data_ptr<at::BFloat16>(), xc.stride(0), m, k, sub);
     switch (key) {
       case 4320: run_vnni<4, 32, false, false>(xr, m, w, yp, ldy, n); return;  // Q4_0
       case 4321: run_vnni<4, 32, false, true>(xr, m, w, yp, ldy, n); return;   // Q4_1
@@ -503,7 +525,19 @@ void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tenso
   }
 }
 
+// quant_gemm into a new float32 [M, n] output.
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& sc,
+                        const at::Tensor& dm, const at::Tensor& mc, int64_t bits, int64_t sub, int64_t zero, int64_t n) {
+  TORCH_CHECK(x.dim() == 2, "quant_gemm: x must be 2-D");
+  at::Tensor out = at::empty({x.size(0), n}, x.options().dtype(at::kFloat));
+  quant_gemm(x, codes, d, sc, dm, mc, bits, sub, zero, out);
+  return out;
+}
+
 TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
+  lib.def("quant_linear(Tensor x, Tensor codes, Tensor d, Tensor sc, Tensor dm, Tensor mc, int bits, int sub, int zero, "
+          "int n) -> Tensor",
+          &quant_linear);
   lib.def("quant_gemm(Tensor x, Tensor codes, Tensor d, Tensor sc, Tensor dm, Tensor mc, int bits, int sub, int zero, "
           "Tensor(a!) out) -> ()",
           &quant_gemm);
