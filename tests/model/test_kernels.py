@@ -94,6 +94,7 @@ def _reference_attention(q, k_cache, v_cache, tables, lens, scale, window=0):
         (32, 8, 128, 16, [300, 4]),
         (12, 1, 48, 16, [40, 3]),  # generic path: head_dim 48, 12 heads per kv head
         (4, 1, 256, 16, [1, 300, 17]),  # Gemma 3's shape: head_dim 256, one kv head
+        (2, 1, 64, 16, [2000, 129]),  # 16 spans of 128 keys merged
     ],
 )
 @pytest.mark.parametrize("window", [0, 16, 37])  # 0: no sliding window
@@ -112,20 +113,28 @@ def test_decode_attention_matches_reference(cache_dtype, heads, kv_heads, head_d
     assert (out.double() - ref).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_decode_attention_one_task_per_query_head_is_the_grouped_math(head_dim):
-    """One sequence runs a task per query head (threads would idle on one kv head's task); a batch runs one
-    task per (sequence, kv head). Both compute the same sums in the same order: bit for bit equal rows."""
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_decode_attention_of_a_row_does_not_depend_on_its_batch(head_dim):
+    """Contexts are split into 128-key spans at fixed positions (so one sequence keeps every thread busy) and
+    merged: a row alone and the same row among others of any lengths are bit for bit equal."""
     g = torch.Generator().manual_seed(head_dim)
-    k_cache = torch.randn(2, 40, 16, head_dim, generator=g).bfloat16()
-    v_cache = torch.randn(2, 40, 16, head_dim, generator=g).bfloat16()
-    tables = torch.randperm(40, generator=g)[:20][None, :]
+    k_cache = torch.randn(2, 80, 16, head_dim, generator=g).bfloat16()
+    v_cache = torch.randn(2, 80, 16, head_dim, generator=g).bfloat16()
+    tables = torch.randperm(80, generator=g)[:50][None, :]
     q = torch.randn(1, 6, head_dim, generator=g)
-    one = kernels.decode_attention(q, k_cache, v_cache, tables, torch.tensor([300]), 0.1, 0)
-    batch = kernels.decode_attention(
-        q.repeat(8, 1, 1), k_cache, v_cache, tables.repeat(8, 1), torch.tensor([300] * 8), 0.1, 0
-    )
-    assert all(torch.equal(one[0], row) for row in batch)
+    for window in (0, 200):
+        one = kernels.decode_attention(q, k_cache, v_cache, tables, torch.tensor([300]), 0.1, window)
+        lens = torch.tensor([1, 300, 129, 700, 300])
+        batch = kernels.decode_attention(
+            torch.cat([torch.randn(1, 6, head_dim, generator=g), q.repeat(4, 1, 1)]),
+            k_cache,
+            v_cache,
+            tables.repeat(5, 1),
+            lens,
+            0.1,
+            window,
+        )
+        assert torch.equal(one[0], batch[1]) and torch.equal(one[0], batch[4])
 
 
 def test_decode_attention_refuses_contexts_outside_the_table():
