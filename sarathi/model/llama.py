@@ -113,6 +113,8 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = q_end - q_start, kv_end - kv_start, arch.head_dim
         self.scale = arch.attention_scale if arch.attention_scale is not None else self.head_dim**-0.5
         self.tp, self.fused, self.eps = tp, dtypes.fused(device), arch.rms_norm_eps
+        # (cache dtype, whether RoPE and the cache write run in our kernel for it), set on the first call
+        self._rope_fused: tuple[torch.dtype, bool] | None = None
         self.q_norm = self.k_norm = None
         if arch.qk_norm:
             self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, torch.float32, device)
@@ -130,7 +132,9 @@ class Attention(nn.Module):
         h, kvh = self.num_heads, self.num_kv_heads
         cos, sin, meta, plan = inputs.cos, inputs.sin, inputs.meta, inputs.plan
         qkv = self.qkv_proj(x).view(x.shape[0], h + 2 * kvh, self.head_dim)
-        if self.fused and qkv.dtype == torch.float32 and kernels.rope_kernel_serves(self.head_dim, kv[0]):
+        if self._rope_fused is None or self._rope_fused[0] != kv[0].dtype:  # once per cache dtype
+            self._rope_fused = (kv[0].dtype, self.fused and kernels.rope_kernel_serves(self.head_dim, kv[0]))
+        if self._rope_fused[1] and qkv.dtype == torch.float32:
             # only a prefill chunk starting at 0 attends to its own k, v rather than the cache
             own_kv = any(rows is None for rows in plan.prefill_rows)
             norms = None if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight, self.eps)

@@ -319,7 +319,8 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
     for (int64_t t = t0; t < t1; ++t) {
       while (t >= task0[b + 1]) ++b;
       const Spans& sp_b = spans[b];
-      const int64_t n = sp_b.count(), u = (t - task0[b]) / n, c = (t - task0[b]) % n;
+      // span-major: the query heads of one kv head (head path) read a span one after the other, from L2
+      const int64_t n = sp_b.count(), c = (t - task0[b]) / units, u = (t - task0[b]) % units;
       const int64_t g = head ? u / rep : u, h0 = u * per_unit;  // kv head, first query head
       const float* qu = qp + (b * heads + h0) * d;
       float* o = op + (b * heads + h0) * d;
@@ -374,11 +375,10 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache, c
               " kv heads");
   TORCH_CHECK(tables.dim() == 2 && tables.size(0) == batch && lens.numel() == batch,
               "decode_attention: block_tables / context_lens do not match the batch");
-  if (batch > 0) {
-    const int64_t longest = lens.max().item<int64_t>(), shortest = lens.min().item<int64_t>();
-    TORCH_CHECK(shortest >= 1 && longest <= tables.size(1) * k_cache.size(2),
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch; ++b)  // a loop, not max()/min() ops: this runs once per layer per step
+    TORCH_CHECK(lp[b] >= 1 && lp[b] <= tables.size(1) * k_cache.size(2),
                 "decode_attention: context length outside the block table");
-  }
   at::Tensor out = at::empty({batch, heads * d}, q.options());
   if (k_cache.scalar_type() == at::kBFloat16) {
     run<at::BFloat16>(q, k_cache, v_cache, tables, lens, scale, window, out);

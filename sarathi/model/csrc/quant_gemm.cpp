@@ -53,6 +53,11 @@ constexpr int kVnniUpToRows8 = 32;  // ... but for 8-bit codes, which it reads w
 
 int group_bytes(int bits) { return bits == 8 ? 512 : 256 + (bits - 4) * 64; }
 
+// Sub-blocks per scale d: k-quants' 256-weight super-blocks, or one (a compile-time constant: a division per
+// sub-block in the inner loops cost a quarter of the one-row time).
+template <int SUB, bool SC>
+constexpr int64_t kSubsPerSuper = SC ? 256 / SUB : 1;
+
 struct Weight {
   const uint8_t* codes;
   const uint16_t* d;
@@ -140,7 +145,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void rows_chunk(
     int64_t tile_stride, int ngroups, int64_t g0, const Weight& w, int64_t tile0, float* y, int64_t ldy, int64_t cols,
     bool first) {
   constexpr int kSubsPerGroup = kGroup / SUB;
-  const int64_t subs_per_super = w.subs / w.supers;
+  constexpr int64_t subs_per_super = kSubsPerSuper<SUB, SC>;
   __mmask16 mask[NB];
 #pragma GCC unroll 4
   for (int j = 0; j < NB; ++j) {
@@ -344,7 +349,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
                                                                         int64_t tile0, float* y, int64_t ldy,
                                                                         int64_t cols) {
   constexpr int kSubsPerGroup = kGroup / SUB, kQuadsPerSub = SUB / 4;
-  const int64_t subs_per_super = w.subs / w.supers, bytes = group_bytes(BITS), ldb = x.k / kGroup;
+  constexpr int64_t subs_per_super = kSubsPerSuper<SUB, SC>;
+  const int64_t bytes = group_bytes(BITS), ldb = x.k / kGroup;
   const int32_t zero = BITS == 8 ? 128 : w.zero;
   __mmask16 mask[NB];
   for (int j = 0; j < NB; ++j) {
@@ -362,14 +368,19 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
     for (int j = 0; j < NB; ++j) codes[j] = w.codes + ((tile0 + j) * w.groups + g) * bytes;
 #pragma GCC unroll 2
     for (int s = 0; s < kSubsPerGroup; ++s) {
-      __m512i dot[MR][NB], fine[MR][NB];
-#pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i)
+      // One row: two chains of sums per accumulator (even and odd quads), so VPDPBUSD's latency overlaps;
+      // more rows have chains enough (and no registers to spare).
+      constexpr int CH = MR == 1 ? 2 : 1;
+      __m512i dot[CH][MR][NB], fine[CH][MR][NB];
 #pragma GCC unroll 2
-        for (int j = 0; j < NB; ++j) dot[i][j] = fine[i][j] = _mm512_setzero_si512();
+      for (int c = 0; c < CH; ++c)
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+          for (int j = 0; j < NB; ++j) dot[c][i][j] = fine[c][i][j] = _mm512_setzero_si512();
 #pragma GCC unroll 8
       for (int t = 0; t < kQuadsPerSub; ++t) {
-        const int r = s * kQuadsPerSub + t;
+        const int r = s * kQuadsPerSub + t, c = t % CH;
         __m512i u[NB];
 #pragma GCC unroll 2
         for (int j = 0; j < NB; ++j) u[j] = quad_codes<BITS>(codes[j], r);
@@ -381,10 +392,19 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
           const __m512i xb1 = _mm512_set1_epi32(four1), xb2 = _mm512_set1_epi32(four2);
 #pragma GCC unroll 2
           for (int j = 0; j < NB; ++j) {
-            dot[i][j] = _mm512_dpbusd_epi32(dot[i][j], u[j], xb1);
-            fine[i][j] = _mm512_dpbusd_epi32(fine[i][j], u[j], xb2);
+            dot[c][i][j] = _mm512_dpbusd_epi32(dot[c][i][j], u[j], xb1);
+            fine[c][i][j] = _mm512_dpbusd_epi32(fine[c][i][j], u[j], xb2);
           }
         }
+      }
+      if constexpr (CH == 2) {
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+          for (int j = 0; j < NB; ++j) {
+            dot[0][i][j] = _mm512_add_epi32(dot[0][i][j], dot[1][i][j]);
+            fine[0][i][j] = _mm512_add_epi32(fine[0][i][j], fine[1][i][j]);
+          }
       }
       const int64_t sub = g * kSubsPerGroup + s, sup = sub / subs_per_super, ldsub = x.k / SUB;
 #pragma GCC unroll 2
@@ -400,7 +420,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
         }
 #pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) {
-          __m512i d = _mm512_add_epi32(_mm512_mullo_epi32(dot[i][j], _mm512_set1_epi32(kFine)), fine[i][j]);
+          __m512i d = _mm512_add_epi32(_mm512_mullo_epi32(dot[0][i][j], _mm512_set1_epi32(kFine)), fine[0][i][j]);
           if (zero != 0) d = _mm512_sub_epi32(d, _mm512_set1_epi32(zero * x.isum[i * ldsub + sub]));
           const __m512 sx = _mm512_mul_ps(scale, _mm512_set1_ps(x.dx[i * ldb + g]));
           acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sx, acc[i][j]);
@@ -467,7 +487,8 @@ void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tenso
   Weight w{codes.data_ptr<uint8_t>(), half_ptr(d), nullptr, nullptr, nullptr, codes.size(1), k / sub, d.size(1),
            static_cast<int>(bits), static_cast<int>(zero)};
   TORCH_CHECK(sub == 16 || sub == 32, "quant_gemm: sub-block size must be 16 or 32");
-  TORCH_CHECK(w.supers > 0 && w.subs % w.supers == 0, "quant_gemm: d does not divide the sub-blocks");
+  TORCH_CHECK(w.supers > 0 && w.subs == w.supers * (has_sc ? 256 / sub : 1),
+              "quant_gemm: d must have one scale per sub-block, or per 256 weights with sub-block scales");
   if (has_sc) {
     TORCH_CHECK(sc.scalar_type() == at::kChar && sc.is_contiguous() && sc.numel() == codes.size(0) * w.subs * kCols,
                 "quant_gemm: bad sc");
