@@ -18,7 +18,9 @@ Each number is the median of REPS repetitions; a repetition is repeated (up to 5
 used more than 8% of the machine during it (this machine's cores are shared), and the worst foreign load
 accepted is printed. With --llama-cpp, llama.cpp's own benchmarks (llama-bench, llama-batched-bench; see
 benchmarks/llama_cpp_kernels.py) time the same prefill and decode shapes on the BF16 GGUF of the same
-weights in the same run, beside bf16-math, and on each quantized file beside ours on that same file.
+weights in the same run, beside bf16-math, and on each quantized file beside ours on that same file. Ours
+is timed again right after llama.cpp and its median taken over both halves, so that a drift of this shared
+machine's memory bandwidth (it moves by tens of percent over minutes) weighs on both engines alike.
 Run: .venv/bin/python -m benchmarks.model_forward [--quick] [--no-hf] [--llama-cpp] [--precisions ...]
 """
 
@@ -63,6 +65,12 @@ GEMMA = "gemma3-270m"
 
 def timed(fn: Callable[[], object], reps: int) -> tuple[float, float]:
     """(median seconds per call, worst foreign load of the accepted repetitions) over `reps` guarded reps."""
+    per_call, worst = timed_reps(fn, reps)
+    return statistics.median(per_call), worst
+
+
+def timed_reps(fn: Callable[[], object], reps: int) -> tuple[list[float], float]:
+    """(seconds per call of each of `reps` guarded reps, worst foreign load of the accepted ones)."""
     fn()  # warm-up: oneDNN builds its kernels for a new shape on first use
     calls = max(1, int(MIN_REP_SECONDS / max(_once(fn), 1e-4)))
     per_call, worst = [], 0.0
@@ -78,7 +86,7 @@ def timed(fn: Callable[[], object], reps: int) -> tuple[float, float]:
                 break
         per_call.append(wall / calls)
         worst = max(worst, foreign)
-    return statistics.median(per_call), worst
+    return per_call, worst
 
 
 def _once(fn: Callable[[], object]) -> float:
@@ -237,9 +245,17 @@ def gguf_file(name: str, model: str = "smollm2"):
     return ensure_gguf("BF16" if name == "bf16-math" else name, src=source_gguf(model))
 
 
-def compare_llama_cpp(rows: list[dict], reps: int, name: str, model: str = "smollm2") -> dict:
-    """Time llama.cpp at our prefill and decode shapes on precision `name`'s GGUF file and add its ms, and
-    ours / its, to that precision's rows; returns what was run, for the record."""
+def compare_llama_cpp(
+    rows: list[dict],
+    reps: int,
+    name: str,
+    model: str,
+    ours_fns: dict[str, Callable[[], object]],
+    ours_reps: dict[str, list[float]],
+) -> dict:
+    """Time llama.cpp at our prefill and decode shapes on precision `name`'s GGUF file, then ours again
+    (`ours_fns`, whose first reps are `ours_reps`): add its ms, ours over both halves, and ours / its, to
+    that precision's rows; returns what was run, for the record."""
     from benchmarks.llama_cpp_build import binary, build_info, ensure_llama_cpp, llama_cpp_version
     from benchmarks.llama_cpp_kernels import decode_times, prefill_times
 
@@ -251,13 +267,23 @@ def compare_llama_cpp(rows: list[dict], reps: int, name: str, model: str = "smol
         binary("llama-batched-bench"), gguf, list(DECODE_BATCHES), CONTEXT, threads, reps, MAX_FOREIGN_LOAD
     )
     ours = {r["case"]: r for r in rows if r["dtype"] == name}
-    print(f"llama.cpp ({llama_cpp_version()}, {gguf.name}, -t {threads}) vs ours ({name}):")
+    print(f"llama.cpp ({llama_cpp_version()}, {gguf.name}, -t {threads}) vs ours ({name}, timed again):")
     for t in times:
         row = ours[t.case]
+        after, after_load = timed_reps(ours_fns[t.case], reps)
+        both = ours_reps[t.case] + after
+        row |= {
+            "ours_ms_before": statistics.median(ours_reps[t.case]) * 1e3,
+            "ours_ms_after": statistics.median(after) * 1e3,
+            "ours_ms": statistics.median(both) * 1e3,
+            "ours_foreign_load": max(row["ours_foreign_load"], after_load),
+        }
+        row["x_floor"] = row["ours_ms"] / row["floor_ms"]
         row |= {"llama_cpp_ms": t.ms, "llama_cpp_foreign_load": t.foreign_load}
         row["x_llama_cpp"] = row["ours_ms"] / t.ms
         print(
             f"  {t.case:14s} llama.cpp {t.ms:8.1f} ms [{t.foreign_load:.0%}]  ours {row['ours_ms']:8.1f} ms"
+            f" (before {row['ours_ms_before']:.1f}, after {row['ours_ms_after']:.1f})"
             f"  ours/llama.cpp {row['x_llama_cpp']:4.2f}x  floor {row['floor_ms']:6.1f} ms"
             f" (llama.cpp {t.ms / row['floor_ms']:4.1f}x)"
         )
@@ -310,7 +336,8 @@ def main() -> None:
         f"measured: read {rates['read_bytes_per_s'] / 1e9:.1f} GB/s, matmul fp32 "
         f"{rates['float32_flops'] / 1e9:.0f} GFLOP/s, bf16 {rates['bfloat16_flops'] / 1e9:.0f} GFLOP/s"
     )
-    rows = []
+    rows: list[dict] = []
+    llama_cpp: dict[str, dict] = {}
     for name in names:
         quantized = name in QUANTIZED
         dtype, compute = PRECISIONS["bf16-math" if quantized else name]
@@ -347,8 +374,11 @@ def main() -> None:
                 MIXED_CHUNK + MIXED_DECODES,
             )
         )
+        ours_fns = {label: ours_fn for label, ours_fn, _, _ in cases}
+        ours_reps: dict[str, list[float]] = {}
         for label, ours_fn, hf_fn, tokens in cases:
-            ours_s, ours_load = timed(ours_fn, reps)
+            ours_reps[label], ours_load = timed_reps(ours_fn, reps)
+            ours_s = statistics.median(ours_reps[label])
             floor = floor_seconds(arch, dtype, compute, label, tokens, rates, linear_bytes)
             row = {
                 "dtype": name,
@@ -368,12 +398,13 @@ def main() -> None:
                 row |= {"hf_eager_ms": hf_s * 1e3, "hf_foreign_load": hf_load}
             rows.append(row)
             print(line, flush=True)
+        if args.llama_cpp and (name == "bf16-math" or quantized):  # while our model is loaded
+            llama_cpp[name] = compare_llama_cpp(rows, reps, name, args.model, ours_fns, ours_reps)
         del model, hf
     settings = {"model": args.model, "reps": reps, "block_size": BLOCK_SIZE, "decode_context": CONTEXT}
     settings["rates"] = rates
-    if args.llama_cpp:
-        compared = [name for name in names if name == "bf16-math" or name in QUANTIZED]
-        settings["llama_cpp"] = {name: compare_llama_cpp(rows, reps, name, args.model) for name in compared}
+    if llama_cpp:
+        settings["llama_cpp"] = llama_cpp
     print(f"saved {save_result('model_forward', rows, settings)}")
 
 
