@@ -16,6 +16,8 @@
   float32 sums (`csrc/quant_gemm.cpp`, layout from `sarathi/model/quantized.py`).
 - `quant_rows`: rows of such a weight dequantized to float32: a quantized token table's lookup
   (`csrc/quant_rows.cpp`).
+- `decode_layer`: a Llama-family layer over decodes only, its quantized GEMVs and fused steps in one call
+  (`csrc/decode_layer.cpp`): at one sequence the Python between a layer's kernels costs half as much again.
 - `mask_logits_by_bitmask`: structured outputs' packed token bitmask applied to logit rows in place
   (`csrc/token_bitmask.cpp`).
 
@@ -31,6 +33,7 @@ import hashlib
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -121,6 +124,77 @@ def quant_linear(x: torch.Tensor, w: PackedQuant) -> torch.Tensor:
     return torch.ops.sarathi_kernels.quant_linear(
         x, w.codes, w.d, w.sc, w.dm, w.mc, w.bits, w.sub, w.zero, w.rows
     )
+
+
+def decode_layer(
+    h: torch.Tensor,
+    norms: tuple[torch.Tensor, torch.Tensor],
+    weights: DecodeLayerWeights,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    window: int,
+    eps: float,
+) -> None:
+    """One Llama-family decoder layer over decodes only, h (float32 [T, hidden]) updated in place: the same
+    kernels as the Python layer's fused path in one call (`csrc/decode_layer.cpp`)."""
+    torch.ops.sarathi_kernels.decode_layer(
+        h,
+        norms[0],
+        norms[1],
+        weights.tensors,
+        weights.segments,
+        weights.widths,
+        cos,
+        sin,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        block_tables,
+        context_lens,
+        weights.heads,
+        weights.head_dim,
+        scale,
+        window,
+        eps,
+        weights.gelu,
+    )
+
+
+@dataclass(frozen=True)
+class DecodeLayerWeights:
+    """A layer's quantized linear weights as `decode_layer` takes them: 5 tensors and 6 ints (linear, first
+    row, rows, bits, sub, zero) per segment, the output widths of qkv, o, gate_up and down."""
+
+    tensors: list[torch.Tensor]
+    segments: list[int]
+    widths: list[int]
+    heads: int
+    head_dim: int
+    gelu: bool
+
+    @classmethod
+    def of(
+        cls,
+        linears: list[list[tuple[int, PackedQuant]]],
+        widths: list[int],
+        heads: int,
+        head_dim: int,
+        gelu: bool,
+    ) -> DecodeLayerWeights:
+        """From each linear's (first row, weight) segments, in the order qkv, o, gate_up, down."""
+        tensors: list[torch.Tensor] = []
+        segments: list[int] = []
+        for which, parts in enumerate(linears):
+            for row, w in parts:
+                tensors += [w.codes, w.d, w.sc, w.dm, w.mc]
+                segments += [which, row, w.rows, w.bits, w.sub, w.zero]
+        return cls(tensors, segments, widths, heads, head_dim, gelu)
 
 
 def quant_rows(ids: torch.Tensor, w: PackedQuant) -> torch.Tensor:

@@ -109,6 +109,11 @@ class Linear(nn.Module):
         return sorted(set(self._formats))
 
     @property
+    def quantized_segments(self) -> list[tuple[int, quantized.PackedQuant]]:
+        """(first output row, weight) of each quantized segment (empty for a plain weight)."""
+        return list(self._quant)
+
+    @property
     def quantized_weight(self) -> quantized.PackedQuant | None:
         """The quantized weight when it is one segment of one format (what a tied embedding can share)."""
         return self._quant[0][1] if len(self._quant) == 1 else None

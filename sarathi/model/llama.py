@@ -213,11 +213,33 @@ class DecoderLayer(nn.Module):
                 arch.hidden_size, arch.rms_norm_eps, torch.float32, device
             )
         self.fused, self.eps = dtypes.fused(device), arch.rms_norm_eps
+        # (cache dtype, the weights `kernels.decode_layer` runs this layer with, or None), set on first use
+        self._decode_kernel: tuple[torch.dtype, kernels.DecodeLayerWeights | None] | None = None
 
     def forward(
         self, h: torch.Tensor, inputs: LayerInputs, kv: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
         """h [T, hidden] float32 -> [T, hidden] float32 (fused: updated in place and returned)."""
+        if self.fused and not inputs.meta.prefills and inputs.plan.decode_in_place:
+            weights = self._decode_layer_weights(kv[0])
+            if weights is not None:  # decodes only: the fused path below in one kernel call
+                attn = self.self_attn
+                kernels.decode_layer(
+                    h,
+                    (self.input_layernorm.weight, self.post_attention_layernorm.weight),
+                    weights,
+                    inputs.cos,
+                    inputs.sin,
+                    kv[0],
+                    kv[1],
+                    inputs.meta.slot_mapping,
+                    inputs.plan.decode_tables,
+                    inputs.plan.decode_lens,
+                    attn.scale,
+                    inputs.plan.decode_window,
+                    self.eps,
+                )
+                return h
         if self.fused and self.sandwich:  # each output normalized, added and the sum normalized: one pass
             x = kernels.add_rms_norm_bf16(h, None, self.input_layernorm.weight, self.eps)
             attn = self.self_attn(x, inputs, kv)
@@ -236,6 +258,32 @@ class DecoderLayer(nn.Module):
             return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
         h = h + self.self_attn(self.input_layernorm(h), inputs, kv)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def _decode_layer_weights(self, k_cache: torch.Tensor) -> kernels.DecodeLayerWeights | None:
+        """What `kernels.decode_layer` runs this layer with, or None where the layer is not the kind it
+        composes: every linear quantized and without bias, no QK-norm or sandwich norms, one TP rank, the
+        RoPE kernel serving this cache. Decided once per cache dtype."""
+        if self._decode_kernel is None or self._decode_kernel[0] != k_cache.dtype:
+            attn, mlp = self.self_attn, self.mlp
+            linears = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+            serves = (
+                not self.sandwich
+                and attn.q_norm is None
+                and attn.tp.size == 1
+                and all(lin.quantized_segments and lin.bias is None for lin in linears)
+                and kernels.rope_kernel_serves(attn.head_dim, k_cache)
+            )
+            weights = None
+            if serves:
+                weights = kernels.DecodeLayerWeights.of(
+                    [lin.quantized_segments for lin in linears],
+                    [lin.out_features for lin in linears],
+                    attn.num_heads,
+                    attn.head_dim,
+                    mlp.gelu,
+                )
+            self._decode_kernel = (k_cache.dtype, weights)
+        return self._decode_kernel[1]
 
 
 class LlamaForCausalLM(nn.Module):

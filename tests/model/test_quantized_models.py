@@ -81,3 +81,45 @@ def test_load_time_quantization_of_a_safetensors_checkpoint(quantization, prompt
     err = rel_err(logits, ref)
     print(f"smollm2 {quantization}: relative error {err:.3g}")
     assert err <= LOAD_TIME_BOUNDS[quantization]
+
+
+def test_decode_layer_kernel_is_the_layer_by_layer_path_bit_for_bit(monkeypatch) -> None:
+    """Decodes only: `kernels.decode_layer` runs each layer's kernels in one call. Same logits and same K/V
+    writes as the Python layer, bit for bit, with one layer's qkv made of two formats (two kernel calls)."""
+    from sarathi.model import SeqSlice, allocate_kv_cache, build_attention_metadata
+    from sarathi.model.llama import DecoderLayer
+    from sarathi.model.quantized import quantize
+
+    model, arch = load_model(None, dtype=torch.bfloat16, compute_dtype=torch.bfloat16, quantization="gguf")[
+        :2
+    ]
+    g = torch.Generator().manual_seed(0)
+    qkv = model.layers[0].self_attn.qkv_proj
+    parts = [
+        quantize(torch.randn(n, arch.hidden_size, generator=g) * 0.05, f)
+        for n, f in ((576, "Q8_0"), (384, "Q4_1"))
+    ]
+    qkv.load_quantized(parts)
+    assert len(qkv.quantized_segments) == 2
+    lens = [1, 40, 300]  # one key; inside one 128-key span; three spans merged
+    per_seq = 20
+    kv = allocate_kv_cache(arch, per_seq * len(lens), 16, torch.bfloat16)
+    for k, v in kv:
+        k.normal_(generator=g), v.normal_(generator=g)
+    slices = [SeqSlice(list(range(i * per_seq, (i + 1) * per_seq)), n, 1) for i, n in enumerate(lens)]
+    meta = build_attention_metadata(slices, 16)
+    ids = torch.randint(0, arch.vocab_size, (len(lens),), generator=g)
+    start = [(k.clone(), v.clone()) for k, v in kv]
+
+    def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        for (k, v), (k0, v0) in zip(kv, start, strict=True):
+            k.copy_(k0), v.copy_(v0)
+        logits = model(ids, meta.positions, meta, kv, torch.arange(len(lens)))
+        return logits, [t.clone() for pair in kv for t in pair]
+
+    fused, fused_kv = run()
+    assert all(layer._decode_kernel[1] is not None for layer in model.layers)
+    monkeypatch.setattr(DecoderLayer, "_decode_layer_weights", lambda self, k_cache: None)
+    layered, layered_kv = run()
+    assert torch.equal(fused, layered)
+    assert all(torch.equal(a, b) for a, b in zip(fused_kv, layered_kv, strict=True))

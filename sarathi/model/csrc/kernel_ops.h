@@ -1,0 +1,29 @@
+// The kernels other kernels compose (defined in their own files), declared once.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <tuple>
+
+namespace sarathi_kernels {
+
+at::Tensor add_rms_norm_bf16(at::Tensor& residual, const std::optional<at::Tensor>& x_opt, const at::Tensor& weight,
+                             double eps);
+at::Tensor silu_mul_bf16(const at::Tensor& gate_up);
+at::Tensor gelu_mul_bf16(const at::Tensor& gate_up);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& qkv_in, const at::Tensor& cos_in,
+                                                             const at::Tensor& sin_in, at::Tensor& k_cache,
+                                                             at::Tensor& v_cache, const at::Tensor& slot_mapping,
+                                                             int64_t heads, bool return_kv,
+                                                             const std::optional<at::Tensor>& q_norm,
+                                                             const std::optional<at::Tensor>& k_norm, double eps);
+at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
+                            int64_t window);
+void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& sc,
+                const at::Tensor& dm, const at::Tensor& mc, int64_t bits, int64_t sub, int64_t zero, at::Tensor& out);
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& sc,
+                        const at::Tensor& dm, const at::Tensor& mc, int64_t bits, int64_t sub, int64_t zero, int64_t n);
+
+}  // namespace sarathi_kernels
