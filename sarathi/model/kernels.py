@@ -128,7 +128,6 @@ def quant_linear(x: torch.Tensor, w: PackedQuant) -> torch.Tensor:
 
 def decode_layer(
     h: torch.Tensor,
-    norms: tuple[torch.Tensor, torch.Tensor],
     weights: DecodeLayerWeights,
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -139,14 +138,12 @@ def decode_layer(
     context_lens: torch.Tensor,
     scale: float,
     window: int,
-    eps: float,
 ) -> None:
     """One Llama-family decoder layer over decodes only, h (float32 [T, hidden]) updated in place: the same
     kernels as the Python layer's fused path in one call (`csrc/decode_layer.cpp`)."""
     torch.ops.sarathi_kernels.decode_layer(
         h,
-        norms[0],
-        norms[1],
+        weights.norms,
         weights.tensors,
         weights.segments,
         weights.widths,
@@ -161,40 +158,41 @@ def decode_layer(
         weights.head_dim,
         scale,
         window,
-        eps,
+        weights.eps,
         weights.gelu,
+        weights.qk_norm,
+        weights.sandwich,
     )
 
 
 @dataclass(frozen=True)
 class DecodeLayerWeights:
-    """A layer's quantized linear weights as `decode_layer` takes them: 5 tensors and 6 ints (linear, first
-    row, rows, bits, sub, zero) per segment, the output widths of qkv, o, gate_up and down."""
+    """A layer's weights as `decode_layer` takes them: the norms (input, post-attention, then q and k with
+    `qk_norm`, then pre- and post-feed-forward with `sandwich`); 5 tensors and 6 ints (linear, first row,
+    rows, bits, sub, zero) per quantized segment of qkv, o, gate_up and down, and their output widths."""
 
+    norms: list[torch.Tensor]
     tensors: list[torch.Tensor]
     segments: list[int]
     widths: list[int]
     heads: int
     head_dim: int
+    eps: float
     gelu: bool
+    qk_norm: bool
+    sandwich: bool
 
-    @classmethod
-    def of(
-        cls,
-        linears: list[list[tuple[int, PackedQuant]]],
-        widths: list[int],
-        heads: int,
-        head_dim: int,
-        gelu: bool,
-    ) -> DecodeLayerWeights:
-        """From each linear's (first row, weight) segments, in the order qkv, o, gate_up, down."""
+    @staticmethod
+    def segments_of(linears: list[list[tuple[int, PackedQuant]]]) -> tuple[list[torch.Tensor], list[int]]:
+        """The tensors and ints of each linear's (first row, weight) segments, in the order qkv, o, gate_up,
+        down."""
         tensors: list[torch.Tensor] = []
         segments: list[int] = []
         for which, parts in enumerate(linears):
             for row, w in parts:
                 tensors += [w.codes, w.d, w.sc, w.dm, w.mc]
                 segments += [which, row, w.rows, w.bits, w.sub, w.zero]
-        return cls(tensors, segments, widths, heads, head_dim, gelu)
+        return tensors, segments
 
 
 def quant_rows(ids: torch.Tensor, w: PackedQuant) -> torch.Tensor:

@@ -223,21 +223,19 @@ class DecoderLayer(nn.Module):
         if self.fused and not inputs.meta.prefills and inputs.plan.decode_in_place:
             weights = self._decode_layer_weights(kv[0])
             if weights is not None:  # decodes only: the fused path below in one kernel call
-                attn = self.self_attn
+                plan = inputs.plan
                 kernels.decode_layer(
                     h,
-                    (self.input_layernorm.weight, self.post_attention_layernorm.weight),
                     weights,
                     inputs.cos,
                     inputs.sin,
                     kv[0],
                     kv[1],
                     inputs.meta.slot_mapping,
-                    inputs.plan.decode_tables,
-                    inputs.plan.decode_lens,
-                    attn.scale,
-                    inputs.plan.decode_window,
-                    self.eps,
+                    plan.decode_tables,
+                    plan.decode_lens,
+                    self.self_attn.scale,
+                    plan.decode_window,
                 )
                 return h
         if self.fused and self.sandwich:  # each output normalized, added and the sum normalized: one pass
@@ -260,27 +258,38 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
     def _decode_layer_weights(self, k_cache: torch.Tensor) -> kernels.DecodeLayerWeights | None:
-        """What `kernels.decode_layer` runs this layer with, or None where the layer is not the kind it
-        composes: every linear quantized and without bias, no QK-norm or sandwich norms, one TP rank, the
-        RoPE kernel serving this cache. Decided once per cache dtype."""
+        """What `kernels.decode_layer` runs this layer with, or None where it does not compose this layer:
+        a linear not quantized or with a bias, more than one TP rank, or the RoPE kernel not serving this
+        cache. Decided once per cache dtype."""
         if self._decode_kernel is None or self._decode_kernel[0] != k_cache.dtype:
             attn, mlp = self.self_attn, self.mlp
             linears = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
             serves = (
-                not self.sandwich
-                and attn.q_norm is None
-                and attn.tp.size == 1
+                attn.tp.size == 1
                 and all(lin.quantized_segments and lin.bias is None for lin in linears)
                 and kernels.rope_kernel_serves(attn.head_dim, k_cache)
             )
             weights = None
             if serves:
-                weights = kernels.DecodeLayerWeights.of(
-                    [lin.quantized_segments for lin in linears],
+                norms = [self.input_layernorm.weight, self.post_attention_layernorm.weight]
+                if attn.q_norm is not None:
+                    norms += [attn.q_norm.weight, attn.k_norm.weight]
+                if self.sandwich:
+                    norms += [self.pre_feedforward_layernorm.weight, self.post_feedforward_layernorm.weight]
+                tensors, segments = kernels.DecodeLayerWeights.segments_of(
+                    [lin.quantized_segments for lin in linears]
+                )
+                weights = kernels.DecodeLayerWeights(
+                    norms,
+                    tensors,
+                    segments,
                     [lin.out_features for lin in linears],
                     attn.num_heads,
                     attn.head_dim,
+                    self.eps,
                     mlp.gelu,
+                    attn.q_norm is not None,
+                    self.sandwich,
                 )
             self._decode_kernel = (k_cache.dtype, weights)
         return self._decode_kernel[1]

@@ -83,25 +83,36 @@ def test_load_time_quantization_of_a_safetensors_checkpoint(quantization, prompt
     assert err <= LOAD_TIME_BOUNDS[quantization]
 
 
-def test_decode_layer_kernel_is_the_layer_by_layer_path_bit_for_bit(monkeypatch) -> None:
+@pytest.mark.parametrize("family", ["smollm2", "gemma3", "qwen3"])
+def test_decode_layer_kernel_is_the_layer_by_layer_path_bit_for_bit(family, tmp_path, monkeypatch) -> None:
     """Decodes only: `kernels.decode_layer` runs each layer's kernels in one call. Same logits and same K/V
-    writes as the Python layer, bit for bit, with one layer's qkv made of two formats (two kernel calls)."""
+    writes as the Python layer, bit for bit: SmolLM2's file with one layer's qkv made of two formats (two
+    kernel calls), and random Gemma 3 (sandwich norms, QK-norm, GELU, sliding window 16) and Qwen3 (QK-norm)
+    quantized at load."""
+    from model_harness import SMALL_GEMMA3, SMALL_QWEN3, make_random_hf_model
+
     from sarathi.model import SeqSlice, allocate_kv_cache, build_attention_metadata
     from sarathi.model.llama import DecoderLayer
     from sarathi.model.quantized import quantize
 
-    model, arch = load_model(None, dtype=torch.bfloat16, compute_dtype=torch.bfloat16, quantization="gguf")[
-        :2
-    ]
     g = torch.Generator().manual_seed(0)
-    qkv = model.layers[0].self_attn.qkv_proj
-    parts = [
-        quantize(torch.randn(n, arch.hidden_size, generator=g) * 0.05, f)
-        for n, f in ((576, "Q8_0"), (384, "Q4_1"))
-    ]
-    qkv.load_quantized(parts)
-    assert len(qkv.quantized_segments) == 2
-    lens = [1, 40, 300]  # one key; inside one 128-key span; three spans merged
+    if family == "smollm2":
+        model, arch = load_model(
+            None, dtype=torch.bfloat16, compute_dtype=torch.bfloat16, quantization="gguf"
+        )[:2]
+        qkv = model.layers[0].self_attn.qkv_proj
+        parts = [
+            quantize(torch.randn(n, arch.hidden_size, generator=g) * 0.05, f)
+            for n, f in ((576, "Q8_0"), (384, "Q4_1"))
+        ]
+        qkv.load_quantized(parts)
+        assert len(qkv.quantized_segments) == 2
+    else:
+        make_random_hf_model(SMALL_GEMMA3 if family == "gemma3" else SMALL_QWEN3, tmp_path)
+        model, arch = load_model(
+            str(tmp_path), dtype=torch.bfloat16, compute_dtype=torch.bfloat16, quantization="int8"
+        )[:2]
+    lens = [1, 40, 300]  # one key; inside one 128-key span (past Gemma's window); three spans merged
     per_seq = 20
     kv = allocate_kv_cache(arch, per_seq * len(lens), 16, torch.bfloat16)
     for k, v in kv:
