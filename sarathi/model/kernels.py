@@ -24,7 +24,9 @@
 The extension is compiled with the C++ compiler `torch.utils.cpp_extension` finds, once per source and torch
 version, into the sarathi cache folder (about a minute on 2 cores; later processes load the cached library).
 Where that cannot happen (no compiler, a CPU without AVX512-BF16, or `SARATHI_KERNELS=0`) `available()` is
-False, a one-line notice says why, and callers keep PyTorch's kernels.
+False, a one-line notice says why, and callers keep PyTorch's kernels. On a CPU with AVX2 but without
+AVX512-BF16 (AMD Zen 2/3, older Intel Xeons) the quantized-weight kernels still run, on their AVX2 path
+(`csrc/quant_gemm_avx2.cpp`): `quant_available()`.
 """
 
 from __future__ import annotations
@@ -63,13 +65,14 @@ def _build_dir() -> Path:
     return cache_root() / "kernels" / f"sarathi_kernels-{source_digest()}"
 
 
-def _load() -> tuple[bool, str]:
+def _load() -> tuple[str, str]:
+    """Build or load the extension: ('full' | 'quant' | 'none', why not full)."""
     if os.environ.get("SARATHI_KERNELS", "1") == "0":
-        return False, "SARATHI_KERNELS=0"
+        return "none", "SARATHI_KERNELS=0"
     try:
         from torch.utils.cpp_extension import load
     except ImportError as exc:  # pragma: no cover - part of torch
-        return False, f"torch.utils.cpp_extension unavailable ({exc})"
+        return "none", f"torch.utils.cpp_extension unavailable ({exc})"
     build_dir = _build_dir()
     build_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -83,21 +86,40 @@ def _load() -> tuple[bool, str]:
             verbose=False,
         )
     except Exception as exc:  # a missing compiler or failed build: keep PyTorch's kernels
-        return False, f"build failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-    if not torch.ops.sarathi_kernels.cpu_supported():
-        return False, "this CPU lacks AVX512-BF16"
-    return True, ""
+        return "none", f"build failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    if torch.ops.sarathi_kernels.cpu_supported():
+        return "full", ""
+    if torch.ops.sarathi_kernels.cpu_quant_supported():
+        return "quant", "this CPU lacks AVX512-BF16"
+    return "none", "this CPU lacks AVX512-BF16 and AVX2"
+
+
+def _level() -> str:
+    with _lock:
+        if "level" not in _state:
+            level, why = _load()
+            _state["level"], _state["why"] = level, why
+            if level == "quant":
+                logger.warning(
+                    "sarathi's AVX-512 kernels unavailable (%s): PyTorch's kernels, with our AVX2 kernels "
+                    "for quantized weights",
+                    why,
+                )
+            elif level == "none":
+                logger.warning("sarathi's CPU kernels unavailable (%s): using PyTorch's kernels", why)
+        return str(_state["level"])
 
 
 def available() -> bool:
-    """Whether the kernel is built, loaded and runnable on this CPU (builds it on the first call)."""
-    with _lock:
-        if "ok" not in _state:
-            ok, why = _load()
-            _state["ok"], _state["why"] = ok, why
-            if not ok:
-                logger.warning("sarathi's CPU kernels unavailable (%s): using PyTorch's kernels", why)
-        return bool(_state["ok"])
+    """Whether every kernel is built, loaded and runnable on this CPU (AVX-512 with BF16 and VNNI; builds
+    the extension on the first call)."""
+    return _level() == "full"
+
+
+def quant_available() -> bool:
+    """Whether the quantized-weight kernels (`quant_gemm`, `quant_linear`, `quant_rows`) run here: every
+    AVX-512 BF16 CPU, and any with AVX2, FMA and F16C (their AVX2 path)."""
+    return _level() in ("full", "quant")
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -295,9 +317,14 @@ def main() -> None:
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     start = time.perf_counter()
-    ok = available()
+    level = _level()
     took = time.perf_counter() - start
-    print(f"sarathi kernels: {'ready' if ok else 'unavailable, using PyTorch kernels'} ({took:.1f} s)")
+    said = {
+        "full": "ready",
+        "quant": "quantized-weight kernels ready (AVX2); PyTorch kernels for the rest",
+        "none": "unavailable, using PyTorch kernels",
+    }[level]
+    print(f"sarathi kernels: {said} ({took:.1f} s)")
 
 
 def chunk_attention(

@@ -8,6 +8,8 @@
 
 namespace sarathi_kernels {
 
+bool cpu_supported();  // AVX-512 with BF16 and VNNI: every kernel
+
 at::Tensor add_rms_norm_bf16(at::Tensor& residual, const std::optional<at::Tensor>& x_opt, const at::Tensor& weight,
                              double eps);
 at::Tensor norm_add_rms_norm_bf16(at::Tensor& residual, const at::Tensor& x_in, const at::Tensor& w_x,

@@ -30,6 +30,9 @@
 
 #include <immintrin.h>
 
+#include "kernel_ops.h"
+#include "quant_layout.h"
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -40,33 +43,13 @@
 namespace sarathi_kernels {
 namespace {
 
-constexpr int kCols = 16;          // output columns per tile (one zmm of float32)
-constexpr int kGroup = 32;         // input positions per code group
 constexpr int kPairs = kGroup / 2;
 constexpr int kChunkGroups = 8;    // groups decoded at a time per tile into the per-thread scratch (16 KiB)
 constexpr int kMaxRows = 4;        // rows of x per register tile (measured on a Zen4 against 6 x 1, 6 x 2, 2 x 4)
 constexpr int kMaxTiles = 2;       // tiles of 16 columns per register tile: 4 x 2 x 2 accumulators
-constexpr int kQuads = kGroup / 4;  // 4-position quads per group
 constexpr int kVnniMaxRows = 4;    // rows of x per register tile of the int8 (VPDPBUSD) path
 constexpr int kVnniUpToRows = 4;   // rows up to which it runs (more: the bf16 path is faster) ...
 constexpr int kVnniUpToRows8 = 32;  // ... but for 8-bit codes, which it reads without decoding
-
-int group_bytes(int bits) { return bits == 8 ? 512 : 256 + (bits - 4) * 64; }
-
-// Sub-blocks per scale d: k-quants' 256-weight super-blocks, or one (a compile-time constant: a division per
-// sub-block in the inner loops cost a quarter of the one-row time).
-template <int SUB, bool SC>
-constexpr int64_t kSubsPerSuper = SC ? 256 / SUB : 1;
-
-struct Weight {
-  const uint8_t* codes;
-  const uint16_t* d;
-  const int8_t* sc;
-  const uint16_t* dm;
-  const uint8_t* mc;
-  int64_t groups, subs, supers;  // per tile
-  int bits, zero;
-};
 
 // Quad r of a group's codes: 64 unsigned bytes, byte 4c + i = code of column c at position 4r + i.
 template <int BITS>
@@ -268,26 +251,7 @@ void run(const int32_t* x, int64_t m, int64_t k, const float* xsum, const Weight
   });
 }
 
-// x rows for the VNNI path, in two int8 terms per 32 positions: x ~ dx * (q1 + q2 / 254), dx = max|x| / 127,
-// q1 = round(x / dx), q2 = round((x / dx - q1) * 254). The second term carries the first one's rounding
-// error, so the pair resolves x to max|x| / 32,258 (16 bits): the bf16 path's precision or better, where one
-// int8 term alone (llama.cpp's Q8_0 activations) misses our logits contract (see docs/results.md).
-// Per sub-block: the sum of 254 * q1 + q2 (for the zero point) and of the float32 x (for the offset term).
-struct QuantizedRows {
-  const int8_t* q1;
-  const int8_t* q2;
-  const float* dx;      // [m, k / 32]: max|x| / (127 * 254), the scale of 254 * q1 + q2
-  const int32_t* isum;  // [m, k / sub]
-  const float* xsum;    // [m, k / sub]
-  int64_t k, sub;
-
-  QuantizedRows rows_from(int64_t r) const {
-    const int64_t nsub = k / sub;
-    return {q1 + r * k, q2 + r * k, dx + r * (k / kGroup), isum + r * nsub, xsum + r * nsub, k, sub};
-  }
-};
-
-constexpr int kFine = 254;  // q2's steps per step of q1
+// x rows for the VNNI path: QuantizedRows (quant_layout.h).
 
 // 16 values of a row of x (float32 or bf16) as float32.
 __attribute__((target("avx512f"))) inline __m512 load_x16(const float* p) { return _mm512_loadu_ps(p); }
@@ -507,6 +471,11 @@ void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tenso
   float* yp = out.data_ptr<float>();
   const int64_t ldy = out.stride(0);
   const int key = static_cast<int>(bits) * 1000 + static_cast<int>(sub) * 10 + (has_sc ? 2 : 0) + (has_min ? 1 : 0);
+  static const bool avx512 = cpu_supported();
+  if (!avx512) {  // the AVX2 path (the Python side runs this only where cpu_quant_supported() says so)
+    quant_gemm_avx2(x_in, w, key, sub, yp, ldy, n);
+    return;
+  }
   if (m <= (bits == 8 ? kVnniUpToRows8 : kVnniUpToRows)) {
     const bool rows_in_place = x_in.stride(1) == 1 && (x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16);
     const at::Tensor xc = rows_in_place ? x_in : x_in.to(at::kFloat).contiguous();
@@ -555,7 +524,11 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::
   return out;
 }
 
+// Whether quant_gemm, quant_linear and quant_rows run on this CPU: AVX-512 with BF16 and VNNI, or AVX2.
+bool cpu_quant_supported() { return cpu_supported() || cpu_supports_avx2_quant(); }
+
 TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
+  lib.def("cpu_quant_supported() -> bool", &cpu_quant_supported);
   lib.def("quant_linear(Tensor x, Tensor codes, Tensor d, Tensor sc, Tensor dm, Tensor mc, int bits, int sub, int zero, "
           "int n) -> Tensor",
           &quant_linear);

@@ -12,13 +12,10 @@
 
 #include <cstdint>
 
+#include "quant_layout.h"
+
 namespace sarathi_kernels {
 namespace {
-
-constexpr int kCols = 16;   // output columns (here: rows of the table) per tile
-constexpr int kGroup = 32;  // input positions per code group
-
-int group_bytes(int bits) { return bits == 8 ? 512 : 256 + (bits - 4) * 64; }
 
 // The code of column c at position p (< 32) of one group, as the integer q - z.
 inline int code_at(const uint8_t* group, int bits, int zero, int c, int p) {

@@ -1,0 +1,265 @@
+// quant_gemm's path for CPUs without AVX-512 BF16 and VNNI (AMD Zen 2/3, Intel before Cooper Lake): the
+// same packed weights, read in place, times x in the same two int8 terms (quant_layout.h), at every row
+// count. VPMADDUBSW multiplies unsigned codes by signed int8 x into int16 pair sums and VPMADDWD widens them
+// to int32: the 4-position sums VPDPBUSD makes on AVX-512 VNNI, in two instructions. The 4- to 6-bit codes
+// (<= 63) cannot overflow the int16 pairs (2 * 63 * 127); 8-bit codes are taken as signed bytes, their signs
+// moved onto x (VPSIGNB), so pairs stay within 2 * 128 * 127. Everything is exact integer arithmetic until
+// the per-sub-block float32 scaling, as on the AVX-512 path.
+//
+// A tile of 16 output columns is two 8-lane halves: half h of quad r is bytes 32h..32h+31 of its 64.
+
+#include "quant_layout.h"
+
+#include <ATen/Parallel.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#pragma GCC target("avx2,fma,f16c")
+
+namespace sarathi_kernels {
+namespace {
+
+constexpr int kMaxRows = 2;  // rows of x per register tile (two halves each: 4 float and 4 int accumulators)
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+inline float hmax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+inline int32_t hsum(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+// Four vectors of 8 int32 (each within int8) -> 32 int8 in order.
+inline __m256i pack_bytes(const __m256i (&v)[4]) {
+  const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+  return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// One row of x into its two int8 terms, as quant_gemm.cpp's quantize_row (same values).
+template <typename T>
+void quantize_row(const T* x, int64_t k, int sub, int8_t* q1, int8_t* q2, float* dx, int32_t* isum, float* xsum) {
+  const __m256 fine = _mm256_set1_ps(static_cast<float>(kFine)), abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int64_t b = 0; b < k / kGroup; ++b) {
+    __m256 xv[4];
+    for (int v = 0; v < 4; ++v) xv[v] = load8(x + b * kGroup + 8 * v);
+    const float amax = hmax(_mm256_max_ps(_mm256_max_ps(_mm256_and_ps(xv[0], abs_mask), _mm256_and_ps(xv[1], abs_mask)),
+                                          _mm256_max_ps(_mm256_and_ps(xv[2], abs_mask), _mm256_and_ps(xv[3], abs_mask))));
+    const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    dx[b] = amax / (127.0f * kFine);
+    __m256i c[4], f[4], sums[4];
+    for (int v = 0; v < 4; ++v) {
+      const __m256 t = _mm256_mul_ps(xv[v], inv);
+      c[v] = _mm256_cvtps_epi32(t);  // round to nearest even
+      f[v] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(t, _mm256_cvtepi32_ps(c[v])), fine));
+      sums[v] = _mm256_add_epi32(_mm256_mullo_epi32(c[v], _mm256_set1_epi32(kFine)), f[v]);
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q1 + b * kGroup), pack_bytes(c));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q2 + b * kGroup), pack_bytes(f));
+    if (sub == kGroup) {
+      isum[b] = hsum(_mm256_add_epi32(_mm256_add_epi32(sums[0], sums[1]), _mm256_add_epi32(sums[2], sums[3])));
+      xsum[b] = hsum(_mm256_add_ps(_mm256_add_ps(xv[0], xv[1]), _mm256_add_ps(xv[2], xv[3])));
+    } else {  // 16
+      isum[2 * b] = hsum(_mm256_add_epi32(sums[0], sums[1]));
+      isum[2 * b + 1] = hsum(_mm256_add_epi32(sums[2], sums[3]));
+      xsum[2 * b] = hsum(_mm256_add_ps(xv[0], xv[1]));
+      xsum[2 * b + 1] = hsum(_mm256_add_ps(xv[2], xv[3]));
+    }
+  }
+}
+
+// Rows of x quantized into a per-thread buffer reused across calls.
+template <typename T>
+QuantizedRows quantize_rows(const T* x, int64_t ldx, int64_t m, int64_t k, int64_t sub) {
+  static thread_local std::vector<int64_t> buffer;  // int64_t: 8-byte aligned parts
+  const int64_t nsub = k / sub, blocks = k / kGroup;
+  const int64_t codes = (2 * m * k + 7) / 8, floats = (m * (blocks + 2 * nsub) + 1) / 2;
+  buffer.resize(static_cast<size_t>(codes + floats));
+  int8_t* q = reinterpret_cast<int8_t*>(buffer.data());
+  float* dx = reinterpret_cast<float*>(buffer.data() + codes);
+  float* xsum = dx + m * blocks;
+  int32_t* isum = reinterpret_cast<int32_t*>(xsum + m * nsub);
+  at::parallel_for(0, m, 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      quantize_row(x + i * ldx, k, static_cast<int>(sub), q + i * k, q + (m + i) * k, dx + i * blocks,
+                   isum + i * nsub, xsum + i * nsub);
+  });
+  return {q, q + m * k, dx, isum, xsum, k, sub};
+}
+
+// Half h (columns 8h..8h+7) of quad r of a group's codes: 32 bytes, byte 4c + i = code at position 4r + i.
+// 8-bit codes come back as signed bytes q - z (stored + 128); narrower ones as unsigned codes.
+template <int BITS>
+inline __m256i quad_half(const uint8_t* codes, int r, int h) {
+  if constexpr (BITS == 8) {
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * r + 32 * h)),
+                            _mm256_set1_epi8(static_cast<char>(0x80)));
+  } else {
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * (r & 3) + 32 * h));
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    __m256i q = r < 4 ? _mm256_and_si256(packed, nibble) : _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
+    const __m256i bit_r = _mm256_set1_epi8(static_cast<char>(1 << r));
+    if constexpr (BITS >= 5) {
+      const __m256i plane = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 256 + 32 * h));
+      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(plane, bit_r), bit_r);
+      q = _mm256_add_epi8(q, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+    }
+    if constexpr (BITS == 6) {
+      const __m256i plane = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 320 + 32 * h));
+      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(plane, bit_r), bit_r);
+      q = _mm256_add_epi8(q, _mm256_and_si256(set, _mm256_set1_epi8(32)));
+    }
+    return q;
+  }
+}
+
+// 254 * (codes . x1) + codes . x2 over 4 positions per column, added to acc (int32 x 8).
+template <int BITS>
+inline __m256i dot4(__m256i acc, __m256i u, __m256i x1, __m256i x2) {
+  const __m256i fine = _mm256_set1_epi16(kFine), ones = _mm256_set1_epi16(1);
+  if constexpr (BITS == 8) {  // u holds signed codes: |u| times x with u's sign
+    const __m256i a = _mm256_abs_epi8(u);
+    x1 = _mm256_sign_epi8(x1, u), x2 = _mm256_sign_epi8(x2, u);
+    u = a;
+  }
+  const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(u, x1), fine);
+  const __m256i p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(u, x2), ones);
+  return _mm256_add_epi32(acc, _mm256_add_epi32(p1, p2));
+}
+
+inline __m256 halves8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m256 bytes8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m256 bytes8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// MR rows of x against one tile (16 columns, `cols` of them valid), the whole depth.
+template <int BITS, int MR, int SUB, bool SC, bool MIN>
+void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, float* y, int64_t ldy, int64_t cols) {
+  constexpr int kSubsPerGroup = kGroup / SUB, kQuadsPerSub = SUB / 4;
+  constexpr int64_t subs_per_super = kSubsPerSuper<SUB, SC>;
+  const int64_t bytes = group_bytes(BITS), ldb = x.k / kGroup, ldsub = x.k / SUB;
+  const int32_t zero = BITS == 8 ? 0 : w.zero;
+  __m256 acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  const uint8_t* tile_codes = w.codes + tile * w.groups * bytes;
+  for (int64_t g = 0; g < w.groups; ++g) {
+    const uint8_t* codes = tile_codes + g * bytes;
+#pragma GCC unroll 2
+    for (int s = 0; s < kSubsPerGroup; ++s) {
+      __m256i dot[MR][2];
+      for (int i = 0; i < MR; ++i) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int t = 0; t < kQuadsPerSub; ++t) {
+        const int r = s * kQuadsPerSub + t;
+        const __m256i u0 = quad_half<BITS>(codes, r, 0), u1 = quad_half<BITS>(codes, r, 1);
+#pragma GCC unroll 2
+        for (int i = 0; i < MR; ++i) {
+          int32_t four1, four2;
+          std::memcpy(&four1, x.q1 + i * x.k + g * kGroup + 4 * r, 4);
+          std::memcpy(&four2, x.q2 + i * x.k + g * kGroup + 4 * r, 4);
+          const __m256i xb1 = _mm256_set1_epi32(four1), xb2 = _mm256_set1_epi32(four2);
+          dot[i][0] = dot4<BITS>(dot[i][0], u0, xb1, xb2);
+          dot[i][1] = dot4<BITS>(dot[i][1], u1, xb1, xb2);
+        }
+      }
+      const int64_t sub = g * kSubsPerGroup + s, sup = sub / subs_per_super;
+      const int64_t super_at = (tile * w.supers + sup) * kCols, sub_at = (tile * w.subs + sub) * kCols;
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        __m256 scale = halves8(w.d + super_at + 8 * h);
+        if constexpr (SC) scale = _mm256_mul_ps(scale, bytes8(w.sc + sub_at + 8 * h));
+        __m256 shift = _mm256_setzero_ps();
+        if constexpr (MIN) {
+          shift = halves8(w.dm + super_at + 8 * h);
+          if constexpr (SC) shift = _mm256_mul_ps(shift, bytes8(w.mc + sub_at + 8 * h));
+        }
+#pragma GCC unroll 2
+        for (int i = 0; i < MR; ++i) {
+          __m256i d = dot[i][h];
+          if (zero != 0) d = _mm256_sub_epi32(d, _mm256_set1_epi32(zero * x.isum[i * ldsub + sub]));
+          const __m256 sx = _mm256_mul_ps(scale, _mm256_set1_ps(x.dx[i * ldb + g]));
+          acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sx, acc[i][h]);
+          if constexpr (MIN) acc[i][h] = _mm256_fmadd_ps(shift, _mm256_set1_ps(x.xsum[i * ldsub + sub]), acc[i][h]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    if (cols == kCols) {
+      _mm256_storeu_ps(y + i * ldy, acc[i][0]);
+      _mm256_storeu_ps(y + i * ldy + 8, acc[i][1]);
+    } else {
+      alignas(32) float row[kCols];
+      _mm256_store_ps(row, acc[i][0]);
+      _mm256_store_ps(row + 8, acc[i][1]);
+      std::memcpy(y + i * ldy, row, cols * sizeof(float));
+    }
+  }
+}
+
+template <int BITS, int SUB, bool SC, bool MIN>
+void run(const QuantizedRows& x, int64_t m, const Weight& w, float* y, int64_t ldy, int64_t n) {
+  const int64_t tiles = (n + kCols - 1) / kCols;
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t col0 = t * kCols, cols = std::min<int64_t>(kCols, n - col0);
+      for (int64_t r = 0; r < m; r += kMaxRows) {  // the tile's codes stay in L1/L2 across row tiles
+        if (m - r >= 2)
+          tile_rows<BITS, 2, SUB, SC, MIN>(x.rows_from(r), w, t, y + r * ldy + col0, ldy, cols);
+        else
+          tile_rows<BITS, 1, SUB, SC, MIN>(x.rows_from(r), w, t, y + r * ldy + col0, ldy, cols);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+bool cpu_supports_avx2_quant() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+void quant_gemm_avx2(const at::Tensor& x_in, const Weight& w, int key, int64_t sub, float* y, int64_t ldy, int64_t n) {
+  const int64_t m = x_in.size(0), k = x_in.size(1);
+  const bool in_place = x_in.stride(1) == 1 && (x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16);
+  const at::Tensor x = in_place ? x_in : x_in.to(at::kFloat).contiguous();
+  const QuantizedRows xr = x.scalar_type() == at::kFloat
+                               ? quantize_rows(x.data_ptr<float>(), x.stride(0), m, k, sub)
+                               : quantize_rows(x.data_ptr<at::BFloat16>(), x.stride(0), m, k, sub);
+  switch (key) {
+    case 4320: run<4, 32, false, false>(xr, m, w, y, ldy, n); return;  // Q4_0
+    case 4321: run<4, 32, false, true>(xr, m, w, y, ldy, n); return;   // Q4_1
+    case 5320: run<5, 32, false, false>(xr, m, w, y, ldy, n); return;  // Q5_0
+    case 5321: run<5, 32, false, true>(xr, m, w, y, ldy, n); return;   // Q5_1
+    case 8320: run<8, 32, false, false>(xr, m, w, y, ldy, n); return;  // Q8_0
+    case 4323: run<4, 32, true, true>(xr, m, w, y, ldy, n); return;    // Q4_K
+    case 5323: run<5, 32, true, true>(xr, m, w, y, ldy, n); return;    // Q5_K
+    case 6162: run<6, 16, true, false>(xr, m, w, y, ldy, n); return;   // Q6_K
+    default: TORCH_CHECK(false, "quant_gemm: no AVX2 kernel for format key ", key);
+  }
+}
+
+}  // namespace sarathi_kernels

@@ -1,0 +1,61 @@
+// The packed layout of a GGUF-quantized weight (made by sarathi/model/quantized.py) and the int8 rows of x
+// the few-rows paths multiply, shared by quant_gemm.cpp (AVX-512), quant_gemm_avx2.cpp and quant_rows.cpp.
+// The layout itself is described at the top of quant_gemm.cpp.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace sarathi_kernels {
+
+constexpr int kCols = 16;           // output columns per tile
+constexpr int kGroup = 32;          // input positions per code group
+constexpr int kQuads = kGroup / 4;  // 4-position quads per group
+constexpr int kFine = 254;          // steps of x's second int8 term per step of its first
+
+inline int group_bytes(int bits) { return bits == 8 ? 512 : 256 + (bits - 4) * 64; }
+
+// Sub-blocks per scale d: k-quants' 256-weight super-blocks, or one (a compile-time constant: a division per
+// sub-block in the inner loops cost a quarter of the one-row time).
+template <int SUB, bool SC>
+constexpr int64_t kSubsPerSuper = SC ? 256 / SUB : 1;
+
+struct Weight {
+  const uint8_t* codes;
+  const uint16_t* d;
+  const int8_t* sc;
+  const uint16_t* dm;
+  const uint8_t* mc;
+  int64_t groups, subs, supers;  // per tile
+  int bits, zero;
+};
+
+// x rows in two int8 terms per 32 positions: x ~ dx * (q1 + q2 / 254), dx = max|x| / 127,
+// q1 = round(x / dx), q2 = round((x / dx - q1) * 254). The second term carries the first one's rounding
+// error, so the pair resolves x to max|x| / 32,258 (16 bits): the bf16 path's precision or better, where one
+// int8 term alone (llama.cpp's Q8_0 activations) misses our logits contract (see docs/results.md).
+// Per sub-block: the sum of 254 * q1 + q2 (for the zero point) and of the float32 x (for the offset term).
+struct QuantizedRows {
+  const int8_t* q1;
+  const int8_t* q2;
+  const float* dx;      // [m, k / 32]: max|x| / (127 * 254), the scale of 254 * q1 + q2
+  const int32_t* isum;  // [m, k / sub]
+  const float* xsum;    // [m, k / sub]
+  int64_t k, sub;
+
+  QuantizedRows rows_from(int64_t r) const {
+    const int64_t nsub = k / sub;
+    return {q1 + r * k, q2 + r * k, dx + r * (k / kGroup), isum + r * nsub, xsum + r * nsub, k, sub};
+  }
+};
+
+// Whether this CPU runs the AVX2 path (AVX2, FMA, F16C): quant_gemm's path where AVX-512 with BF16 and VNNI
+// is missing.
+bool cpu_supports_avx2_quant();
+
+// out[M, n] (float32, row stride ldy) = x (float32 or bf16 [M, K], unit column stride) @ W^T on the AVX2
+// path; `key` names the format as in quant_gemm.cpp (bits * 1000 + sub * 10 + 2 * sc + min).
+void quant_gemm_avx2(const at::Tensor& x, const Weight& w, int key, int64_t sub, float* y, int64_t ldy, int64_t n);
+
+}  // namespace sarathi_kernels
