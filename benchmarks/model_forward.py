@@ -5,7 +5,8 @@ our paged model vs Hugging Face transformers (eager).
 Prefill: one sequence of T tokens from position 0 (logits of the last token only).
 Decode: B sequences, one new token each, every sequence with CONTEXT tokens already cached.
 Precisions: float32; bfloat16 (bf16 weights and KV cache, fp32 math); bf16-math (--compute-dtype bfloat16);
-and GGUF quantizations served in their own blocks (--quantization gguf; bf16 activations and KV cache): Q4_1
+and GGUF quantizations served in their own blocks (--quantization gguf; bf16 KV cache, bf16 activations where
+the AVX512-BF16 kernels run, else float32 ones around the quantized kernels' AVX2 path): Q4_1
 (the file as shipped), Q8_0 and Q4_K_M (requantized from it by llama.cpp's llama-quantize, which needs
 --llama-cpp's build). Pick with --precisions (default: float32,bfloat16,bf16-math,Q4_1).
 HF decode uses a DynamicCache pre-filled with random K/V of the same length, cropped back after each step.
@@ -44,6 +45,7 @@ from sarathi.model import (
     load_model,
 )
 from sarathi.model.linear import Linear
+from sarathi.model.loader import resolve_compute_dtype
 
 BLOCK_SIZE = 16
 CONTEXT = 512
@@ -341,6 +343,8 @@ def main() -> None:
     for name in names:
         quantized = name in QUANTIZED
         dtype, compute = PRECISIONS["bf16-math" if quantized else name]
+        if quantized:  # as served: bf16 math where the AVX512-BF16 kernels run, else float32 (AVX2 path)
+            compute = resolve_compute_dtype(dtype, "auto")
         if quantized:  # served from the file's own blocks
             path = None if (name, args.model) == ("Q4_1", "smollm2") else str(gguf_file(name, args.model))
             model, arch, _ = load_model(path, dtype=dtype, compute_dtype=compute, quantization="gguf")

@@ -128,7 +128,7 @@ def test_fused_layer_of_mixed_formats_and_its_bias() -> None:
     x = torch.randn(5, 3, cols)
     y = layer(x)
     assert y.dtype == torch.float32 and y.shape == (5, 3, 36)
-    x2 = x.reshape(-1, cols)  # 15 rows: the Q5_0 segment on the bf16 path (AVX-512), the Q8_0 one on the int8 path
+    x2 = x.reshape(-1, cols)  # 15 rows: Q5_0 on the bf16 path (AVX-512; AVX2: int8), Q8_0 on the int8 path
     assert takes_int8_path("Q8_0", 15)
     if takes_int8_path("Q5_0", 15):
         q5 = torch.cat([reference_vnni(x2, quantized.unpack(p)) for p in parts[:2]], dim=1)
