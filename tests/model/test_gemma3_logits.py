@@ -14,6 +14,7 @@ from model_harness import PagedRunner, max_abs_err, rel_err
 
 from sarathi.model import load_model
 from sarathi.model.embedded import packaged_model_path
+from sarathi.model.loader import resolve_compute_dtype
 
 PROMPT_LEN, CHECKED_ROWS = 640, 96  # the last 96 positions all see a window cut at 512
 BOUNDS = {
@@ -55,9 +56,9 @@ def reference(folder, prompt) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def models(folder) -> dict:
     """Our model per precision, loaded once."""
-    bf16 = {"dtype": torch.bfloat16, "compute_dtype": torch.bfloat16}
+    served = {"dtype": torch.bfloat16, "compute_dtype": resolve_compute_dtype(torch.bfloat16, "auto")}
     return {
-        p: load_model("gemma3-270m", **bf16, quantization="gguf")[:2]
+        p: load_model("gemma3-270m", **served, quantization="gguf")[:2]
         if p == "gguf"
         else load_model(folder, dtype=p[0], compute_dtype=p[1])[:2]
         for p in BOUNDS

@@ -1,8 +1,8 @@
 """GGUF-quantized weights kept in their blocks: unpacking equals the `gguf` package's dequantization, and the
 quantized kernel equals x times those exact weights, at odd shapes, batch sizes 1 / 4 (x in two int8 terms
-per 32 positions, the VNNI path; up to 32 rows for 8-bit codes) and 7 / 64 (x rounded to bf16; on the AVX2
-path, without AVX512-BF16, every batch is multiplied in two int8 terms), fused
-layers of mixed formats and TP slices on block boundaries."""
+per 32 positions, the VNNI path; up to 32 rows for 8-bit codes) and 7 / 9 / 64 (x rounded to bf16); on the
+AVX2 path (no AVX512-BF16) up to 8 rows in int8 terms and 9 / 64 in float32; fused layers of mixed formats
+and TP slices on block boundaries."""
 
 from __future__ import annotations
 
@@ -50,14 +50,16 @@ def gguf_dequantized(t: quantized.QuantizedTensor) -> torch.Tensor:
 
 
 def takes_int8_path(qtype: str, rows: int) -> bool:
-    """Whether the kernel multiplies `rows` rows of x in two int8 terms (csrc/quant_gemm.cpp's thresholds; the
-    AVX2 path, where AVX512-BF16 is missing, takes every row count)."""
-    return not kernels.available() or rows <= (32 if quantized.FORMATS[qtype].bits == 8 else 4)
+    """Whether the kernel multiplies `rows` rows of x in two int8 terms (csrc/quant_gemm.cpp's thresholds; on
+    the AVX2 path, where AVX512-BF16 is missing, csrc/quant_gemm_avx2.cpp's)."""
+    if not kernels.available():
+        return rows <= 8
+    return rows <= (32 if quantized.FORMATS[qtype].bits == 8 else 4)
 
 
 def reference_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x rounded to bf16 times w, in float64."""
-    return x.bfloat16().double() @ w.double().T
+    """x (rounded to bf16 on the AVX-512 path; float32 on the AVX2 path) times w, in float64."""
+    return (x.bfloat16() if kernels.available() else x).double() @ w.double().T
 
 
 def int8_activations(x: torch.Tensor) -> torch.Tensor:
@@ -97,7 +99,7 @@ def test_unpacked_weights_equal_gguf_dequantization(qtype: str) -> None:
     assert (ours - ref).abs().max().item() <= tol
 
 
-@pytest.mark.parametrize("batch", [1, 4, 7, 64])
+@pytest.mark.parametrize("batch", [1, 4, 7, 9, 64])
 @pytest.mark.parametrize("qtype", list(quantized.FORMATS))
 def test_quantized_kernel_multiplies_the_exact_weights(qtype: str, batch: int) -> None:
     rows, cols = shape_for(qtype)
@@ -115,6 +117,12 @@ def test_quantized_kernel_multiplies_the_exact_weights(qtype: str, batch: int) -
     assert err <= 2e-6, f"{qtype} batch {batch}: relative error {err:.2e}"
 
 
+def merge(parts: list[quantized.QuantizedTensor]) -> quantized.QuantizedTensor:
+    """Row blocks of one format stacked into one tensor."""
+    blocks = torch.cat([p.blocks for p in parts])
+    return quantized.QuantizedTensor(parts[0].qtype, sum(p.rows for p in parts), parts[0].cols, blocks)
+
+
 def test_fused_layer_of_mixed_formats_and_its_bias() -> None:
     """Gemma's files put q and k in Q5_0 and v in Q8_0: one layer, three segments, two kernel calls."""
     cols = 96
@@ -128,14 +136,17 @@ def test_fused_layer_of_mixed_formats_and_its_bias() -> None:
     x = torch.randn(5, 3, cols)
     y = layer(x)
     assert y.dtype == torch.float32 and y.shape == (5, 3, 36)
-    x2 = x.reshape(-1, cols)  # 15 rows: Q5_0 on the bf16 path (AVX-512; AVX2: int8), Q8_0 on the int8 path
-    assert takes_int8_path("Q8_0", 15)
-    if takes_int8_path("Q5_0", 15):
-        q5 = torch.cat([reference_vnni(x2, quantized.unpack(p)) for p in parts[:2]], dim=1)
-    else:
-        q5 = reference_matmul(x2, torch.cat([gguf_dequantized(p) for p in parts[:2]]))
-    int8 = reference_vnni(x2, quantized.unpack(parts[2]))  # the layer passes x on as it is (float32)
-    want = torch.cat([q5, int8], dim=1)
+    x2 = x.reshape(-1, cols)  # 15 rows: on AVX-512 Q5_0 on the bf16 path, Q8_0 on the int8 path
+    segments = [parts[:2], parts[2:]]
+    want = torch.cat(
+        [
+            reference_vnni(x2, quantized.unpack(merge(segment)))  # the layer passes x on as it is (float32)
+            if takes_int8_path(segment[0].qtype, 15)
+            else reference_matmul(x2, torch.cat([gguf_dequantized(p) for p in segment]))
+            for segment in segments
+        ],
+        dim=1,
+    )
     want = want + layer.bias.double()
     assert torch.allclose(y.reshape(-1, 36).double(), want, rtol=0, atol=1e-5)
 

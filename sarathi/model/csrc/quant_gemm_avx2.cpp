@@ -1,10 +1,12 @@
-// quant_gemm's path for CPUs without AVX-512 BF16 and VNNI (AMD Zen 2/3, Intel before Cooper Lake): the
-// same packed weights, read in place, times x in the same two int8 terms (quant_layout.h), at every row
-// count. VPMADDUBSW multiplies unsigned codes by signed int8 x into int16 pair sums and VPMADDWD widens them
-// to int32: the 4-position sums VPDPBUSD makes on AVX-512 VNNI, in two instructions. The 4- to 6-bit codes
-// (<= 63) cannot overflow the int16 pairs (2 * 63 * 127); 8-bit codes are taken as signed bytes, their signs
-// moved onto x (VPSIGNB), so pairs stay within 2 * 128 * 127. Everything is exact integer arithmetic until
-// the per-sub-block float32 scaling, as on the AVX-512 path.
+// quant_gemm's path for CPUs without AVX-512 BF16 and VNNI (AMD Zen 2/3, Intel before Cooper Lake), over the
+// same packed weights, read in place.
+// - Up to kInt8UpToRows rows: x in the same two int8 terms as the VNNI path (quant_layout.h). VPMADDUBSW
+//   multiplies unsigned codes by signed int8 x into int16 pair sums and VPMADDWD widens them to int32: the
+//   4-position sums VPDPBUSD makes, in two instructions. 4- to 6-bit codes (<= 63) cannot overflow the int16
+//   pairs (2 * 63 * 127); 8-bit codes are taken as signed bytes, their signs moved onto x (VPSIGNB), so pairs
+//   stay within 2 * 128 * 127. Exact integer sums until the per-sub-block float32 scaling.
+// - More rows: float32 x times the codes dequantized to float32 once per chunk of a tile (exact codes and
+//   scales, each weight rounded once, as the gguf package dequantizes), a 6 x 16 FMA register tile.
 //
 // A tile of 16 output columns is two 8-lane halves: half h of quad r is bytes 32h..32h+31 of its 64.
 
@@ -24,6 +26,10 @@ namespace sarathi_kernels {
 namespace {
 
 constexpr int kMaxRows = 2;  // rows of x per register tile (two halves each: 4 float and 4 int accumulators)
+// Rows up to which x is multiplied in int8 terms; more rows: float32 x times chunks dequantized once per tile
+// (measured on a Zen3 at 1536 x 576 Q4_1 / Q8_0, 4096 x 2048 Q4_K and 2048 x 8192 Q6_K: int8 faster at 8 rows,
+// the float32 chunks at 16 or more, 1.4-2x at 80 rows).
+constexpr int kInt8UpToRows = 8;
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -161,7 +167,10 @@ void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, float* y, 
   constexpr int64_t subs_per_super = kSubsPerSuper<SUB, SC>;
   const int64_t bytes = group_bytes(BITS), ldb = x.k / kGroup, ldsub = x.k / SUB;
   const int32_t zero = BITS == 8 ? 0 : w.zero;
+  // Every loop over the register tile is unrolled: GCC keeps arrays of vectors in registers only when each
+  // index is a constant (otherwise it spills them to the stack on every iteration).
   __m256 acc[MR][2];
+#pragma GCC unroll 2
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   const uint8_t* tile_codes = w.codes + tile * w.groups * bytes;
   for (int64_t g = 0; g < w.groups; ++g) {
@@ -169,8 +178,9 @@ void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, float* y, 
 #pragma GCC unroll 2
     for (int s = 0; s < kSubsPerGroup; ++s) {
       __m256i dot[MR][2];
+#pragma GCC unroll 2
       for (int i = 0; i < MR; ++i) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
-#pragma GCC unroll 8
+#pragma GCC unroll 2
       for (int t = 0; t < kQuadsPerSub; ++t) {
         const int r = s * kQuadsPerSub + t;
         const __m256i u0 = quad_half<BITS>(codes, r, 0), u1 = quad_half<BITS>(codes, r, 1);
@@ -206,17 +216,13 @@ void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, float* y, 
       }
     }
   }
+  alignas(32) float rows[MR][kCols];
+#pragma GCC unroll 2
   for (int i = 0; i < MR; ++i) {
-    if (cols == kCols) {
-      _mm256_storeu_ps(y + i * ldy, acc[i][0]);
-      _mm256_storeu_ps(y + i * ldy + 8, acc[i][1]);
-    } else {
-      alignas(32) float row[kCols];
-      _mm256_store_ps(row, acc[i][0]);
-      _mm256_store_ps(row + 8, acc[i][1]);
-      std::memcpy(y + i * ldy, row, cols * sizeof(float));
-    }
+    _mm256_store_ps(rows[i], acc[i][0]);
+    _mm256_store_ps(rows[i] + 8, acc[i][1]);
   }
+  for (int i = 0; i < MR; ++i) std::memcpy(y + i * ldy, rows[i], cols * sizeof(float));
 }
 
 template <int BITS, int SUB, bool SC, bool MIN>
@@ -235,6 +241,113 @@ void run(const QuantizedRows& x, int64_t m, const Weight& w, float* y, int64_t l
   });
 }
 
+// ---- Many rows: codes dequantized to float32 once per chunk, a float32 GEMM over the chunk ----
+
+constexpr int kChunkGroups = 8;  // groups dequantized at a time per tile: 256 positions x 16 columns, 16 KiB
+constexpr int kFloatRows = 6;    // rows of x per register tile: 6 x 2 accumulators, 2 weights, 1 broadcast
+
+// Half h of quad r, transposed: bytes 8p..8p+7 = the 8 columns' codes at position 4r + p.
+inline __m256i by_position(__m256i u) {
+  const __m256i within = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                          0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(u, within), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// The weights of groups g0..g0+ng of one tile as float32, [position][16 columns], into out: s * (q - z) + m,
+// each a float32 rounding of the file's value (as the gguf package dequantizes).
+template <int BITS, int SUB, bool SC, bool MIN>
+void dequantize_chunk(const Weight& w, int64_t tile, int64_t g0, int ng, float* out) {
+  constexpr int kSubsPerGroup = kGroup / SUB, kQuadsPerSub = SUB / 4;
+  constexpr int64_t subs_per_super = kSubsPerSuper<SUB, SC>;
+  const int64_t bytes = group_bytes(BITS);
+  const __m256 zero = _mm256_set1_ps(BITS == 8 ? 0.0f : static_cast<float>(w.zero));
+  alignas(32) uint8_t t[32];
+  for (int g = 0; g < ng; ++g) {
+    const uint8_t* codes = w.codes + (tile * w.groups + g0 + g) * bytes;
+    for (int s = 0; s < kSubsPerGroup; ++s) {
+      const int64_t sub = (g0 + g) * kSubsPerGroup + s, sup = sub / subs_per_super;
+      const int64_t super_at = (tile * w.supers + sup) * kCols, sub_at = (tile * w.subs + sub) * kCols;
+      for (int h = 0; h < 2; ++h) {
+        __m256 scale = halves8(w.d + super_at + 8 * h);
+        if constexpr (SC) scale = _mm256_mul_ps(scale, bytes8(w.sc + sub_at + 8 * h));
+        __m256 shift = _mm256_setzero_ps();
+        if constexpr (MIN) {
+          shift = halves8(w.dm + super_at + 8 * h);
+          if constexpr (SC) shift = _mm256_mul_ps(shift, bytes8(w.mc + sub_at + 8 * h));
+        }
+        for (int q = 0; q < kQuadsPerSub; ++q) {
+          const int r = s * kQuadsPerSub + q;
+          _mm256_store_si256(reinterpret_cast<__m256i*>(t), by_position(quad_half<BITS>(codes, r, h)));
+#pragma GCC unroll 4
+          for (int p = 0; p < 4; ++p) {
+            const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(t + 8 * p));
+            const __m256i v = BITS == 8 ? _mm256_cvtepi8_epi32(eight) : _mm256_cvtepu8_epi32(eight);
+            const __m256 value = _mm256_sub_ps(_mm256_cvtepi32_ps(v), zero);  // q - z, exact
+            _mm256_store_ps(out + (g * kGroup + 4 * r + p) * kCols + 8 * h, _mm256_fmadd_ps(value, scale, shift));
+          }
+        }
+      }
+    }
+  }
+}
+
+// MR rows of float32 x (row stride ldx) times `n` positions of a dequantized chunk: stored into y when `first`,
+// else added to it; `cols` of the tile's 16 columns are valid.
+template <int MR>
+void float_rows(const float* x, int64_t ldx, const float* chunk, int n, float* y, int64_t ldy, int64_t cols,
+                bool first) {
+  __m256 acc[MR][2];  // in registers: every index below is a constant after unrolling
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int p = 0; p < n; ++p) {
+    const __m256 w0 = _mm256_load_ps(chunk + p * kCols), w1 = _mm256_load_ps(chunk + p * kCols + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      const __m256 xb = _mm256_broadcast_ss(x + i * ldx + p);
+      acc[i][0] = _mm256_fmadd_ps(xb, w0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(xb, w1, acc[i][1]);
+    }
+  }
+  alignas(32) float rows[MR][kCols];
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) {
+    _mm256_store_ps(rows[i], acc[i][0]);
+    _mm256_store_ps(rows[i] + 8, acc[i][1]);
+  }
+  for (int i = 0; i < MR; ++i) {
+    float* yi = y + i * ldy;
+    if (first) {
+      std::memcpy(yi, rows[i], cols * sizeof(float));
+    } else {
+      for (int64_t c = 0; c < cols; ++c) yi[c] += rows[i][c];
+    }
+  }
+}
+
+using FloatRowsFn = void (*)(const float*, int64_t, const float*, int, float*, int64_t, int64_t, bool);
+constexpr FloatRowsFn kFloatRowsFns[kFloatRows + 1] = {nullptr,        &float_rows<1>, &float_rows<2>, &float_rows<3>,
+                                                       &float_rows<4>, &float_rows<5>, &float_rows<6>};
+
+template <int BITS, int SUB, bool SC, bool MIN>
+void run_float(const float* x, int64_t ldx, int64_t m, const Weight& w, float* y, int64_t ldy, int64_t n) {
+  const int64_t tiles = (n + kCols - 1) / kCols;
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    alignas(32) float chunk[kChunkGroups * kGroup * kCols];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t col0 = t * kCols, cols = std::min<int64_t>(kCols, n - col0);
+      for (int64_t g0 = 0; g0 < w.groups; g0 += kChunkGroups) {
+        const int ng = static_cast<int>(std::min<int64_t>(kChunkGroups, w.groups - g0));
+        dequantize_chunk<BITS, SUB, SC, MIN>(w, t, g0, ng, chunk);
+        for (int64_t r = 0; r < m; r += kFloatRows) {
+          const int mr = static_cast<int>(std::min<int64_t>(kFloatRows, m - r));
+          kFloatRowsFns[mr](x + r * ldx + g0 * kGroup, ldx, chunk, ng * kGroup, y + r * ldy + col0, ldy, cols,
+                            g0 == 0);
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 bool cpu_supports_avx2_quant() {
@@ -244,6 +357,22 @@ bool cpu_supports_avx2_quant() {
 
 void quant_gemm_avx2(const at::Tensor& x_in, const Weight& w, int key, int64_t sub, float* y, int64_t ldy, int64_t n) {
   const int64_t m = x_in.size(0), k = x_in.size(1);
+  if (m > kInt8UpToRows) {  // float32 x times the dequantized chunks
+    const at::Tensor x = x_in.scalar_type() == at::kFloat && x_in.stride(1) == 1 ? x_in : x_in.to(at::kFloat).contiguous();
+    const float* xp = x.data_ptr<float>();
+    const int64_t ldx = x.stride(0);
+    switch (key) {
+      case 4320: run_float<4, 32, false, false>(xp, ldx, m, w, y, ldy, n); return;  // Q4_0
+      case 4321: run_float<4, 32, false, true>(xp, ldx, m, w, y, ldy, n); return;   // Q4_1
+      case 5320: run_float<5, 32, false, false>(xp, ldx, m, w, y, ldy, n); return;  // Q5_0
+      case 5321: run_float<5, 32, false, true>(xp, ldx, m, w, y, ldy, n); return;   // Q5_1
+      case 8320: run_float<8, 32, false, false>(xp, ldx, m, w, y, ldy, n); return;  // Q8_0
+      case 4323: run_float<4, 32, true, true>(xp, ldx, m, w, y, ldy, n); return;    // Q4_K
+      case 5323: run_float<5, 32, true, true>(xp, ldx, m, w, y, ldy, n); return;    // Q5_K
+      case 6162: run_float<6, 16, true, false>(xp, ldx, m, w, y, ldy, n); return;   // Q6_K
+      default: TORCH_CHECK(false, "quant_gemm: no AVX2 kernel for format key ", key);
+    }
+  }
   const bool in_place = x_in.stride(1) == 1 && (x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16);
   const at::Tensor x = in_place ? x_in : x_in.to(at::kFloat).contiguous();
   const QuantizedRows xr = x.scalar_type() == at::kFloat
