@@ -9,6 +9,7 @@
 - `chunk_attention`: a prefill chunk's queries over the bf16 paged cache read in place, causal (and
   windowed), bf16 products with float32 sums and softmax (`csrc/chunk_attention.cpp`).
 - `argmax_rows`: torch.argmax(dim=-1) for float32 logits, vectorized (`csrc/argmax.cpp`).
+- `rms_norm_f32`: RMSNorm of float32 rows in one pass (`csrc/rms_norm.cpp`, AVX2): the float32 layers' norm.
 - `silu_mul_bf16`, `add_rms_norm_bf16`: a bf16-math layer's elementwise steps fused, one pass each
   (`csrc/elementwise.cpp`).
 - `rope_write_kv`: RoPE on q and k and the KV-cache write of k and v, one pass over qkv (`csrc/rope_kv.cpp`).
@@ -215,6 +216,12 @@ class DecodeLayerWeights:
                 tensors += [w.codes, w.d, w.sc, w.dm, w.mc]
                 segments += [which, row, w.rows, w.bits, w.sub, w.zero]
         return tensors, segments
+
+
+def rms_norm_f32(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) * weight over the last dimension of contiguous float32 x, one pass per row (needs
+    `quant_available()`: AVX2 code)."""
+    return torch.ops.sarathi_kernels.rms_norm_f32(x, weight, eps)
 
 
 def quant_rows(ids: torch.Tensor, w: PackedQuant) -> torch.Tensor:

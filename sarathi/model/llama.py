@@ -76,6 +76,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalize the last dimension of x (float32, the residual stream)."""
+        cpu_rows = x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
+        if cpu_rows and kernels.quant_available():
+            return kernels.rms_norm_f32(x, self.weight, self.eps).to(self.out_dtype)
         return F.rms_norm(x.float(), self.weight.shape, self.weight, self.eps).to(self.out_dtype)
 
 
