@@ -482,17 +482,10 @@ void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tenso
     const QuantizedRows xr = xc.scalar_type() == at::kFloat
                                  ? quantize_rows(xc.data_ptr<float>(), xc.stride(0), m, k, sub)
                                  : quantize_rows(xc.data_ptr<at::BFloat16>(), xc.stride(0), m, k, sub);
-    switch (key) {
-      case 4320: run_vnni<4, 32, false, false>(xr, m, w, yp, ldy, n); return;  // Q4_0
-      case 4321: run_vnni<4, 32, false, true>(xr, m, w, yp, ldy, n); return;   // Q4_1
-      case 5320: run_vnni<5, 32, false, false>(xr, m, w, yp, ldy, n); return;  // Q5_0
-      case 5321: run_vnni<5, 32, false, true>(xr, m, w, yp, ldy, n); return;   // Q5_1
-      case 8320: run_vnni<8, 32, false, false>(xr, m, w, yp, ldy, n); return;  // Q8_0
-      case 4323: run_vnni<4, 32, true, true>(xr, m, w, yp, ldy, n); return;    // Q4_K
-      case 5323: run_vnni<5, 32, true, true>(xr, m, w, yp, ldy, n); return;    // Q5_K
-      case 6162: run_vnni<6, 16, true, false>(xr, m, w, yp, ldy, n); return;   // Q6_K
-      default: break;  // reported below
-    }
+    const bool served = with_format(key, [&]<int BITS, int SUB, bool SC, bool MIN>() {
+      run_vnni<BITS, SUB, SC, MIN>(xr, m, w, yp, ldy, n);
+    });
+    if (served) return;  // else reported below
   }
   const at::Tensor x = x_in.to(at::kBFloat16).contiguous();
   const auto* xp = reinterpret_cast<const int32_t*>(x.data_ptr<at::BFloat16>());
@@ -501,18 +494,11 @@ void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tenso
     xsum = x.to(at::kFloat).view({m, k / sub, sub}).sum(-1).contiguous();
   }
   const float* sp = has_min ? xsum.data_ptr<float>() : nullptr;
-  switch (key) {
-    case 4320: run<4, 32, false, false>(xp, m, k, sp, w, yp, ldy, n); break;  // Q4_0
-    case 4321: run<4, 32, false, true>(xp, m, k, sp, w, yp, ldy, n); break;   // Q4_1
-    case 5320: run<5, 32, false, false>(xp, m, k, sp, w, yp, ldy, n); break;  // Q5_0
-    case 5321: run<5, 32, false, true>(xp, m, k, sp, w, yp, ldy, n); break;   // Q5_1
-    case 8320: run<8, 32, false, false>(xp, m, k, sp, w, yp, ldy, n); break;  // Q8_0
-    case 4323: run<4, 32, true, true>(xp, m, k, sp, w, yp, ldy, n); break;    // Q4_K
-    case 5323: run<5, 32, true, true>(xp, m, k, sp, w, yp, ldy, n); break;    // Q5_K
-    case 6162: run<6, 16, true, false>(xp, m, k, sp, w, yp, ldy, n); break;   // Q6_K
-    default: TORCH_CHECK(false, "quant_gemm: no kernel for ", bits, "-bit codes, sub-block ", sub,
-                         has_sc ? ", sub-block scales" : "", has_min ? ", offsets" : "");
-  }
+  const bool served = with_format(key, [&]<int BITS, int SUB, bool SC, bool MIN>() {
+    run<BITS, SUB, SC, MIN>(xp, m, k, sp, w, yp, ldy, n);
+  });
+  TORCH_CHECK(served, "quant_gemm: no kernel for ", bits, "-bit codes, sub-block ", sub,
+              has_sc ? ", sub-block scales" : "", has_min ? ", offsets" : "");
 }
 
 // quant_gemm into a new float32 [M, n] output.

@@ -160,6 +160,22 @@ inline __m256 bytes8(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
+// Half h of a sub-block's scale s = d (* sc) and offset m = dm (* mc) (zero without offsets); super_at and
+// sub_at index the tile's super-block and sub-block rows of d / dm and sc / mc.
+template <bool SC>
+inline __m256 sub_scale(const Weight& w, int64_t super_at, int64_t sub_at, int h) {
+  const __m256 d = halves8(w.d + super_at + 8 * h);
+  if constexpr (SC) return _mm256_mul_ps(d, bytes8(w.sc + sub_at + 8 * h));
+  return d;
+}
+template <bool SC, bool MIN>
+inline __m256 sub_shift(const Weight& w, int64_t super_at, int64_t sub_at, int h) {
+  if constexpr (!MIN) return _mm256_setzero_ps();
+  const __m256 dm = halves8(w.dm + super_at + 8 * h);
+  if constexpr (SC) return _mm256_mul_ps(dm, bytes8(w.mc + sub_at + 8 * h));
+  return dm;
+}
+
 // MR rows of x against one tile (16 columns, `cols` of them valid), the whole depth.
 template <int BITS, int MR, int SUB, bool SC, bool MIN>
 void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, float* y, int64_t ldy, int64_t cols) {
@@ -198,13 +214,7 @@ void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, float* y, 
       const int64_t super_at = (tile * w.supers + sup) * kCols, sub_at = (tile * w.subs + sub) * kCols;
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
-        __m256 scale = halves8(w.d + super_at + 8 * h);
-        if constexpr (SC) scale = _mm256_mul_ps(scale, bytes8(w.sc + sub_at + 8 * h));
-        __m256 shift = _mm256_setzero_ps();
-        if constexpr (MIN) {
-          shift = halves8(w.dm + super_at + 8 * h);
-          if constexpr (SC) shift = _mm256_mul_ps(shift, bytes8(w.mc + sub_at + 8 * h));
-        }
+        const __m256 scale = sub_scale<SC>(w, super_at, sub_at, h), shift = sub_shift<SC, MIN>(w, super_at, sub_at, h);
 #pragma GCC unroll 2
         for (int i = 0; i < MR; ++i) {
           __m256i d = dot[i][h];
@@ -268,13 +278,7 @@ void dequantize_chunk(const Weight& w, int64_t tile, int64_t g0, int ng, float* 
       const int64_t sub = (g0 + g) * kSubsPerGroup + s, sup = sub / subs_per_super;
       const int64_t super_at = (tile * w.supers + sup) * kCols, sub_at = (tile * w.subs + sub) * kCols;
       for (int h = 0; h < 2; ++h) {
-        __m256 scale = halves8(w.d + super_at + 8 * h);
-        if constexpr (SC) scale = _mm256_mul_ps(scale, bytes8(w.sc + sub_at + 8 * h));
-        __m256 shift = _mm256_setzero_ps();
-        if constexpr (MIN) {
-          shift = halves8(w.dm + super_at + 8 * h);
-          if constexpr (SC) shift = _mm256_mul_ps(shift, bytes8(w.mc + sub_at + 8 * h));
-        }
+        const __m256 scale = sub_scale<SC>(w, super_at, sub_at, h), shift = sub_shift<SC, MIN>(w, super_at, sub_at, h);
         for (int q = 0; q < kQuadsPerSub; ++q) {
           const int r = s * kQuadsPerSub + q;
           _mm256_store_si256(reinterpret_cast<__m256i*>(t), by_position(quad_half<BITS>(codes, r, h)));
@@ -361,34 +365,21 @@ void quant_gemm_avx2(const at::Tensor& x_in, const Weight& w, int key, int64_t s
     const at::Tensor x = x_in.scalar_type() == at::kFloat && x_in.stride(1) == 1 ? x_in : x_in.to(at::kFloat).contiguous();
     const float* xp = x.data_ptr<float>();
     const int64_t ldx = x.stride(0);
-    switch (key) {
-      case 4320: run_float<4, 32, false, false>(xp, ldx, m, w, y, ldy, n); return;  // Q4_0
-      case 4321: run_float<4, 32, false, true>(xp, ldx, m, w, y, ldy, n); return;   // Q4_1
-      case 5320: run_float<5, 32, false, false>(xp, ldx, m, w, y, ldy, n); return;  // Q5_0
-      case 5321: run_float<5, 32, false, true>(xp, ldx, m, w, y, ldy, n); return;   // Q5_1
-      case 8320: run_float<8, 32, false, false>(xp, ldx, m, w, y, ldy, n); return;  // Q8_0
-      case 4323: run_float<4, 32, true, true>(xp, ldx, m, w, y, ldy, n); return;    // Q4_K
-      case 5323: run_float<5, 32, true, true>(xp, ldx, m, w, y, ldy, n); return;    // Q5_K
-      case 6162: run_float<6, 16, true, false>(xp, ldx, m, w, y, ldy, n); return;   // Q6_K
-      default: TORCH_CHECK(false, "quant_gemm: no AVX2 kernel for format key ", key);
-    }
+    const bool served = with_format(key, [&]<int BITS, int SUB, bool SC, bool MIN>() {
+      run_float<BITS, SUB, SC, MIN>(xp, ldx, m, w, y, ldy, n);
+    });
+    TORCH_CHECK(served, "quant_gemm: no AVX2 kernel for format key ", key);
+    return;
   }
   const bool in_place = x_in.stride(1) == 1 && (x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16);
   const at::Tensor x = in_place ? x_in : x_in.to(at::kFloat).contiguous();
   const QuantizedRows xr = x.scalar_type() == at::kFloat
                                ? quantize_rows(x.data_ptr<float>(), x.stride(0), m, k, sub)
                                : quantize_rows(x.data_ptr<at::BFloat16>(), x.stride(0), m, k, sub);
-  switch (key) {
-    case 4320: run<4, 32, false, false>(xr, m, w, y, ldy, n); return;  // Q4_0
-    case 4321: run<4, 32, false, true>(xr, m, w, y, ldy, n); return;   // Q4_1
-    case 5320: run<5, 32, false, false>(xr, m, w, y, ldy, n); return;  // Q5_0
-    case 5321: run<5, 32, false, true>(xr, m, w, y, ldy, n); return;   // Q5_1
-    case 8320: run<8, 32, false, false>(xr, m, w, y, ldy, n); return;  // Q8_0
-    case 4323: run<4, 32, true, true>(xr, m, w, y, ldy, n); return;    // Q4_K
-    case 5323: run<5, 32, true, true>(xr, m, w, y, ldy, n); return;    // Q5_K
-    case 6162: run<6, 16, true, false>(xr, m, w, y, ldy, n); return;   // Q6_K
-    default: TORCH_CHECK(false, "quant_gemm: no AVX2 kernel for format key ", key);
-  }
+  const bool served = with_format(key, [&]<int BITS, int SUB, bool SC, bool MIN>() {
+    run<BITS, SUB, SC, MIN>(xr, m, w, y, ldy, n);
+  });
+  TORCH_CHECK(served, "quant_gemm: no AVX2 kernel for format key ", key);
 }
 
 }  // namespace sarathi_kernels

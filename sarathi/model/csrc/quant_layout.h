@@ -50,6 +50,23 @@ struct QuantizedRows {
   }
 };
 
+// Calls f.template operator()<BITS, SUB, SC, MIN>() with the kernel parameters of a format key (bits * 1000 +
+// sub-block size * 10 + 2 if sub-block scales + 1 if offsets); false for a key no kernel serves.
+template <typename F>
+bool with_format(int key, F&& f) {
+  switch (key) {
+    case 4320: f.template operator()<4, 32, false, false>(); return true;  // Q4_0
+    case 4321: f.template operator()<4, 32, false, true>(); return true;   // Q4_1
+    case 5320: f.template operator()<5, 32, false, false>(); return true;  // Q5_0
+    case 5321: f.template operator()<5, 32, false, true>(); return true;   // Q5_1
+    case 8320: f.template operator()<8, 32, false, false>(); return true;  // Q8_0
+    case 4323: f.template operator()<4, 32, true, true>(); return true;    // Q4_K
+    case 5323: f.template operator()<5, 32, true, true>(); return true;    // Q5_K
+    case 6162: f.template operator()<6, 16, true, false>(); return true;   // Q6_K
+    default: return false;
+  }
+}
+
 // Whether this CPU runs the AVX2 path (AVX2, FMA, F16C): quant_gemm's path where AVX-512 with BF16 and VNNI
 // is missing.
 bool cpu_supports_avx2_quant();
