@@ -38,7 +38,7 @@ class TokenEmbedding(nn.Module):
 
     def share_quantized(self, packed: PackedQuant, qtype: str) -> None:
         """Read rows from `packed` (e.g. a tied LM head's weight) and drop the values."""
-        if not kernels.quant_available():
+        if not kernels.portable_available():
             raise RuntimeError(
                 "a quantized embedding needs sarathi's CPU kernels, which are unavailable here"
             )

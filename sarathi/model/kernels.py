@@ -5,14 +5,16 @@
   bf16 model's logits error ~1.3x above the floor of "bf16 GEMM inputs, float32 accumulation" (see
   `benchmarks/bf16_error_budget.py`).
 - `decode_attention`: one-token queries over the paged KV cache read in place (no gather of the context
-  into a buffer), float32 math over bf16 or float32 K/V (`csrc/decode_attention.cpp`).
+  into a buffer), float32 math over bf16 or float32 K/V (`csrc/decode_attention.cpp`; AVX2 build
+  `csrc/decode_attention_avx2.cpp`).
 - `chunk_attention`: a prefill chunk's queries over the bf16 paged cache read in place, causal (and
   windowed), bf16 products with float32 sums and softmax (`csrc/chunk_attention.cpp`).
 - `argmax_rows`: torch.argmax(dim=-1) for float32 logits, vectorized (`csrc/argmax.cpp`).
 - `rms_norm_f32`: RMSNorm of float32 rows in one pass (`csrc/rms_norm.cpp`, AVX2): the float32 layers' norm.
 - `silu_mul_bf16`, `add_rms_norm_bf16`: a bf16-math layer's elementwise steps fused, one pass each
   (`csrc/elementwise.cpp`).
-- `rope_write_kv`: RoPE on q and k and the KV-cache write of k and v, one pass over qkv (`csrc/rope_kv.cpp`).
+- `rope_write_kv`: RoPE on q and k and the KV-cache write of k and v, one pass over qkv (`csrc/rope_kv.cpp`;
+  AVX2 build `csrc/rope_kv_avx2.cpp`).
 - `quant_gemm`: x @ W^T for a weight kept in its GGUF quantization, codes decoded to bf16 in registers,
   float32 sums (`csrc/quant_gemm.cpp`, layout from `sarathi/model/quantized.py`).
 - `quant_rows`: rows of such a weight dequantized to float32: a quantized token table's lookup
@@ -26,8 +28,9 @@ The extension is compiled with the C++ compiler `torch.utils.cpp_extension` find
 version, into the sarathi cache folder (about a minute on 2 cores; later processes load the cached library).
 Where that cannot happen (no compiler, a CPU without AVX512-BF16, or `SARATHI_KERNELS=0`) `available()` is
 False, a one-line notice says why, and callers keep PyTorch's kernels. On a CPU with AVX2 but without
-AVX512-BF16 (AMD Zen 2/3, older Intel Xeons) the quantized-weight kernels still run, on their AVX2 path
-(`csrc/quant_gemm_avx2.cpp`): `quant_available()`.
+AVX512-BF16 (AMD Zen 2/3, older Intel Xeons) the kernels with an AVX2 build still run: the quantized-weight
+kernels (`csrc/quant_gemm_avx2.cpp`), `rms_norm_f32`, `decode_attention` and `rope_write_kv`:
+`portable_available()`.
 """
 
 from __future__ import annotations
@@ -90,8 +93,8 @@ def _load() -> tuple[str, str]:
         return "none", f"build failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
     if torch.ops.sarathi_kernels.cpu_supported():
         return "full", ""
-    if torch.ops.sarathi_kernels.cpu_quant_supported():
-        return "quant", "this CPU lacks AVX512-BF16"
+    if torch.ops.sarathi_kernels.cpu_portable_supported():
+        return "avx2", "this CPU lacks AVX512-BF16"
     return "none", "this CPU lacks AVX512-BF16 and AVX2"
 
 
@@ -100,10 +103,10 @@ def _level() -> str:
         if "level" not in _state:
             level, why = _load()
             _state["level"], _state["why"] = level, why
-            if level == "quant":
+            if level == "avx2":
                 logger.warning(
                     "sarathi's AVX-512 kernels unavailable (%s): PyTorch's kernels, with our AVX2 kernels "
-                    "for quantized weights",
+                    "for quantized weights, decode attention, RoPE and RMSNorm",
                     why,
                 )
             elif level == "none":
@@ -117,10 +120,11 @@ def available() -> bool:
     return _level() == "full"
 
 
-def quant_available() -> bool:
-    """Whether the quantized-weight kernels (`quant_gemm`, `quant_linear`, `quant_rows`) run here: every
-    AVX-512 BF16 CPU, and any with AVX2, FMA and F16C (their AVX2 path)."""
-    return _level() in ("full", "quant")
+def portable_available() -> bool:
+    """Whether the kernels with an AVX2 build run here (`quant_gemm`, `quant_linear`, `quant_rows`,
+    `rms_norm_f32`, `decode_attention`, `rope_write_kv`): every AVX-512 BF16 CPU, and any with AVX2, FMA and
+    F16C."""
+    return _level() in ("full", "avx2")
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -220,7 +224,7 @@ class DecodeLayerWeights:
 
 def rms_norm_f32(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / rms(x) * weight over the last dimension of contiguous float32 x, one pass per row (needs
-    `quant_available()`: AVX2 code)."""
+    `portable_available()`: AVX2 code)."""
     return torch.ops.sarathi_kernels.rms_norm_f32(x, weight, eps)
 
 
@@ -307,7 +311,7 @@ def rope_kernel_serves(head_dim: int, cache: torch.Tensor) -> bool:
         head_dim % 32 == 0
         and cache.device.type == "cpu"
         and cache.dtype in (torch.bfloat16, torch.float32)
-        and available()
+        and portable_available()
     )
 
 
@@ -328,7 +332,7 @@ def main() -> None:
     took = time.perf_counter() - start
     said = {
         "full": "ready",
-        "quant": "quantized-weight kernels ready (AVX2); PyTorch kernels for the rest",
+        "avx2": "AVX2 kernels ready (quantized weights, attention, RoPE, RMSNorm), PyTorch's for the rest",
         "none": "unavailable, using PyTorch kernels",
     }[level]
     print(f"sarathi kernels: {said} ({took:.1f} s)")

@@ -131,7 +131,7 @@ class Linear(nn.Module):
     def load_quantized(self, parts: list[quantized.QuantizedTensor]) -> None:
         """Keep the weight as these quantized row blocks (stacked in order), never dequantized; needs our
         kernels. Consecutive parts of one format share a kernel call."""
-        if not kernels.quant_available():
+        if not kernels.portable_available():
             raise RuntimeError("quantized weights need sarathi's CPU kernels, which are unavailable here")
         merged: list[quantized.QuantizedTensor] = []
         for part in parts:

@@ -65,6 +65,15 @@ class Dtypes:
         they run)."""
         return self.compute == torch.bfloat16 and torch.device(device).type == "cpu" and kernels.available()
 
+    def rope_in_kernel(self, device: torch.device | str) -> bool:
+        """Whether RoPE and the cache write may run in `kernels.rope_write_kv`: in fused layers, and in
+        float32 layers on CPUs without the AVX-512 kernels (AVX2), where float32 is the path served;
+        elsewhere float32 keeps PyTorch's ops."""
+        if self.fused(device):
+            return True
+        avx2_only = not kernels.available() and kernels.portable_available()
+        return self.compute == torch.float32 and torch.device(device).type == "cpu" and avx2_only
+
 
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, computed in float32 (weight kept in float32), returned in `out_dtype`."""
@@ -77,7 +86,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalize the last dimension of x (float32, the residual stream)."""
         cpu_rows = x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
-        if cpu_rows and kernels.quant_available():
+        if cpu_rows and kernels.portable_available():
             return kernels.rms_norm_f32(x, self.weight, self.eps).to(self.out_dtype)
         return F.rms_norm(x.float(), self.weight.shape, self.weight, self.eps).to(self.out_dtype)
 
@@ -115,7 +124,7 @@ class Attention(nn.Module):
         kv_start, kv_end = shard.kv_head_range(arch.num_key_value_heads)
         self.num_heads, self.num_kv_heads, self.head_dim = q_end - q_start, kv_end - kv_start, arch.head_dim
         self.scale = arch.attention_scale if arch.attention_scale is not None else self.head_dim**-0.5
-        self.tp, self.fused, self.eps = tp, dtypes.fused(device), arch.rms_norm_eps
+        self.tp, self.rope_in_kernel, self.eps = tp, dtypes.rope_in_kernel(device), arch.rms_norm_eps
         # (cache dtype, whether RoPE and the cache write run in our kernel for it), set on the first call
         self._rope_fused: tuple[torch.dtype, bool] | None = None
         self.q_norm = self.k_norm = None
@@ -136,7 +145,8 @@ class Attention(nn.Module):
         cos, sin, meta, plan = inputs.cos, inputs.sin, inputs.meta, inputs.plan
         qkv = self.qkv_proj(x).view(x.shape[0], h + 2 * kvh, self.head_dim)
         if self._rope_fused is None or self._rope_fused[0] != kv[0].dtype:  # once per cache dtype
-            self._rope_fused = (kv[0].dtype, self.fused and kernels.rope_kernel_serves(self.head_dim, kv[0]))
+            serves = self.rope_in_kernel and kernels.rope_kernel_serves(self.head_dim, kv[0])
+            self._rope_fused = (kv[0].dtype, serves)
         if self._rope_fused[1] and qkv.dtype == torch.float32:
             # only a prefill chunk starting at 0 attends to its own k, v rather than the cache
             own_kv = any(rows is None for rows in plan.prefill_rows)

@@ -46,7 +46,7 @@ def effective_quantization(config: ModelConfig) -> str:
         return "none"
     if not serves_gguf_file(config.model, config.load_format):
         return "none"
-    return "gguf" if kernels.quant_available() else "none"
+    return "gguf" if kernels.portable_available() else "none"
 
 
 def load_model(
@@ -78,7 +78,7 @@ def load_model(
     arch, path = resolved.arch, resolved.path
     if quantization == "gguf" and resolved.load_format != "gguf":
         raise ValueError(f"quantization 'gguf' needs a GGUF file; {path} is {resolved.load_format}")
-    if quantization in LOAD_TIME_FORMATS and not kernels.quant_available():
+    if quantization in LOAD_TIME_FORMATS and not kernels.portable_available():
         raise ValueError(f"quantization {quantization!r} needs sarathi's CPU kernels, unavailable here")
     net = LlamaForCausalLM(arch, dtype, compute_dtype=compute_dtype, shard=shard, tp_group=tp_group)
     if resolved.load_format == "gguf":

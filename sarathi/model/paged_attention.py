@@ -117,7 +117,7 @@ def decode_kernel_serves(k_cache: torch.Tensor, compute_dtype: torch.dtype) -> b
         and k_cache.dtype in (torch.float32, torch.bfloat16)
         and head_dim % 16 == 0
         and head_dim <= 256
-        and kernels.available()
+        and kernels.portable_available()
     )
 
 

@@ -132,7 +132,7 @@ def test_a_gguf_model_is_served_in_its_own_quantization_by_default():
     from sarathi.model import kernels
     from sarathi.model.loader import effective_quantization
 
-    own = "gguf" if kernels.quant_available() else "none"
+    own = "gguf" if kernels.portable_available() else "none"
     assert effective_quantization(_config().model) == own  # the embedded model's shipped file
     assert effective_quantization(_config("--model", "gemma3-270m").model) == own
     assert effective_quantization(_config("--model", "/models/x.gguf").model) == own

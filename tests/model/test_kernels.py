@@ -1,6 +1,7 @@
 """Our C++ kernels against float64 references computed with PyTorch: the bf16 GEMM (bf16 inputs, float32
 accumulation and output), decode attention over a paged cache read in place, and prefill-chunk attention
-(bf16 products, float32 sums) over the same cache.
+(bf16 products, float32 sums) over the same cache. Decode attention and the RoPE + cache write also run on
+CPUs without AVX512-BF16 (their AVX2 builds), so their tests run there too.
 
 Shapes cover odd row counts, widths that are not a multiple of the kernel's 16-column blocks, batch sizes
 1 / 7 / 64, contexts ending on and off block boundaries, and both compiled and generic attention groupings.
@@ -18,9 +19,11 @@ import torch
 from sarathi.model import kernels
 from sarathi.model.linear import Linear
 
-pytestmark = pytest.mark.skipif(not kernels.available(), reason="kernels need a compiler and AVX512-BF16")
+needs_avx512 = pytest.mark.skipif(not kernels.available(), reason="kernels need a compiler and AVX512-BF16")
+needs_avx2 = pytest.mark.skipif(not kernels.portable_available(), reason="kernels need a compiler and AVX2")
 
 
+@needs_avx512
 @pytest.mark.parametrize("rows", [0, 1, 2, 7, 13, 64, 255])
 @pytest.mark.parametrize("in_features,out_features", [(576, 960), (64, 50), (1536, 576), (32, 16), (96, 100)])
 @pytest.mark.parametrize("bias", [False, True])
@@ -37,6 +40,7 @@ def test_gemm_is_exact_float32_accumulation_of_bf16_products(rows, in_features, 
     assert torch.allclose(y.double(), ref, rtol=0, atol=1e-5 * in_features**0.5 * scale)
 
 
+@needs_avx512
 def test_gemm_rounds_float32_inputs_to_bf16_and_keeps_leading_dims():
     w = torch.randn(48, 64).bfloat16()
     x = torch.randn(2, 3, 64)
@@ -46,6 +50,7 @@ def test_gemm_rounds_float32_inputs_to_bf16_and_keeps_leading_dims():
     assert (y.double() - ref).abs().max() < 1e-4
 
 
+@needs_avx512
 def test_gemm_refuses_mismatched_shapes():
     packed = kernels.pack(torch.randn(32, 64).bfloat16())
     with pytest.raises(RuntimeError, match="features"):
@@ -54,6 +59,7 @@ def test_gemm_refuses_mismatched_shapes():
         kernels.pack(torch.randn(32, 63).bfloat16())
 
 
+@needs_avx512
 def test_bf16_linear_uses_the_kernel_with_float32_output():
     layer = Linear(64, 40, True, torch.bfloat16)
     layer.weight.copy_(torch.randn(40, 64))
@@ -97,6 +103,7 @@ def _reference_attention(q, k_cache, v_cache, tables, lens, scale, window=0):
         (2, 1, 64, 16, [2000, 129]),  # 16 spans of 128 keys merged
     ],
 )
+@needs_avx2
 @pytest.mark.parametrize("window", [0, 16, 37])  # 0: no sliding window
 def test_decode_attention_matches_reference(cache_dtype, heads, kv_heads, head_dim, block_size, lens, window):
     g = torch.Generator().manual_seed(len(lens) * 100 + heads)
@@ -113,6 +120,7 @@ def test_decode_attention_matches_reference(cache_dtype, heads, kv_heads, head_d
     assert (out.double() - ref).abs().max() < 1e-5
 
 
+@needs_avx2
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_decode_attention_of_a_row_does_not_depend_on_its_batch(head_dim):
     """Contexts are split into 128-key spans at fixed positions (so one sequence keeps every thread busy) and
@@ -137,6 +145,7 @@ def test_decode_attention_of_a_row_does_not_depend_on_its_batch(head_dim):
         assert torch.equal(one[0], batch[1]) and torch.equal(one[0], batch[4])
 
 
+@needs_avx2
 def test_decode_attention_refuses_contexts_outside_the_table():
     k = torch.zeros(1, 4, 16, 64, dtype=torch.bfloat16)
     tables = torch.zeros(1, 2, dtype=torch.long)
@@ -163,6 +172,7 @@ def test_decode_attention_refuses_contexts_outside_the_table():
         (50, 9, 512),  # the window longer than the context
     ],
 )
+@needs_avx512
 def test_chunk_attention_matches_reference(heads, kv_heads, head_dim, block_size, start, tokens, window):
     """Each query of a chunk sees the keys up to its own position (within the window): the float64 result
     of the same attention on the bf16-rounded scaled queries, up to the rounding of the softmax weights."""
@@ -189,6 +199,7 @@ def test_chunk_attention_matches_reference(heads, kv_heads, head_dim, block_size
     assert (out.double() - exact).norm() < 1e-2 * exact.norm()
 
 
+@needs_avx512
 def test_chunk_attention_refuses_bad_geometry():
     k = torch.zeros(1, 4, 16, 64, dtype=torch.bfloat16)
     q = torch.zeros(3, 2, 64)
@@ -202,6 +213,7 @@ def test_chunk_attention_refuses_bad_geometry():
         kernels.chunk_attention(q, k, k, torch.tensor([0, 9]), 0, 10, 0, 0.1)
 
 
+@needs_avx512
 @pytest.mark.parametrize("shape", [(64, 49152), (1, 49152), (7, 50), (3, 5), (5, 17), (3, 64), (4, 129)])
 def test_argmax_rows_is_torch_argmax(shape):
     g = torch.Generator().manual_seed(shape[1])
@@ -209,6 +221,7 @@ def test_argmax_rows_is_torch_argmax(shape):
         assert torch.equal(kernels.argmax_rows(x), x.argmax(-1))
 
 
+@needs_avx512
 def test_argmax_rows_first_tie_and_nan_like_torch():
     x = torch.zeros(5, 200)
     x[1, 30] = x[1, 170] = 1.0  # a tie: the first wins
@@ -218,6 +231,7 @@ def test_argmax_rows_first_tie_and_nan_like_torch():
     assert kernels.argmax_rows(x).tolist() == x.argmax(-1).tolist() == [0, 30, 140, 99, 0]
 
 
+@needs_avx512
 def test_without_kernels_pytorch_serves_and_auto_means_float32():
     """SARATHI_KERNELS=0 (as on a CPU without AVX512-BF16): a notice, PyTorch's kernels, and `auto` compute
     resolving to float32; explicit bf16 math still runs (on oneDNN's bf16 GEMMs)."""
@@ -240,6 +254,7 @@ def test_without_kernels_pytorch_serves_and_auto_means_float32():
     assert "SARATHI_KERNELS=0" in done.stderr  # the one-line notice
 
 
+@needs_avx512
 @pytest.mark.parametrize("rows", [0, 1, 7, 64])
 @pytest.mark.parametrize("width", [1536, 40, 17])
 def test_silu_mul_bf16_is_the_rounded_torch_result(rows, width):
@@ -252,6 +267,7 @@ def test_silu_mul_bf16_is_the_rounded_torch_result(rows, width):
     assert (got.float() - expected.float()).abs().le(expected.float().abs() * 2**-7 + 1e-30).all()
 
 
+@needs_avx512
 @pytest.mark.parametrize("rows", [0, 1, 7, 64])
 @pytest.mark.parametrize("width", [576, 40, 17])
 @pytest.mark.parametrize("add", [False, True])
@@ -267,6 +283,7 @@ def test_add_rms_norm_bf16_updates_the_residual_and_normalizes(rows, width, add)
     assert (got.float() - expected.float()).abs().le(expected.float().abs() * 2**-7 + 1e-30).all()
 
 
+@needs_avx2
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("tokens", [1, 7, 64])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 32), (8, 2, 128)])
@@ -309,6 +326,7 @@ def test_rope_write_kv_is_rope_then_the_cache_write(cache_dtype, tokens, heads, 
     assert none_k is None and none_v is None
 
 
+@needs_avx2
 def test_rope_write_kv_refuses_bad_shapes_and_slots():
     qkv, cos, sin = torch.randn(2, 5, 64), torch.randn(2, 1, 64), torch.randn(2, 1, 64)
     cache = torch.zeros(1, 4, 16, 64, dtype=torch.bfloat16)
@@ -322,6 +340,7 @@ def test_rope_write_kv_refuses_bad_shapes_and_slots():
         )
 
 
+@needs_avx512
 @pytest.mark.parametrize("vocab", [100, 262144, 49152 + 7])
 def test_mask_logits_by_bitmask_matches_unpacked_bits(vocab):
     g = torch.Generator().manual_seed(vocab)
@@ -338,6 +357,7 @@ def test_mask_logits_by_bitmask_matches_unpacked_bits(vocab):
     assert torch.equal(out, expected)
 
 
+@needs_avx512
 @pytest.mark.parametrize("rows", [0, 1, 7, 64])
 @pytest.mark.parametrize("width", [2048, 40, 17])
 def test_gelu_mul_bf16_is_the_rounded_exact_result(rows, width):
@@ -357,6 +377,7 @@ def test_gelu_mul_bf16_is_the_rounded_exact_result(rows, width):
     assert (got.float() - torch_gelu.float()).abs().le(torch_gelu.float().abs() * 2**-7 + 1e-5).all()
 
 
+@needs_avx512
 @pytest.mark.parametrize("rows", [0, 1, 7, 64])
 @pytest.mark.parametrize("width", [640, 40, 17])
 @pytest.mark.parametrize("next_norm", [False, True])
@@ -375,6 +396,7 @@ def test_norm_add_rms_norm_bf16_is_gemmas_sandwich_step(rows, width, next_norm):
     assert (got.float() - expected.float()).abs().le(expected.float().abs() * 2**-7 + 1e-30).all()
 
 
+@needs_avx2
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("tokens", [1, 7])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 1, 256), (8, 2, 128)])

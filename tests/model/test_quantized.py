@@ -16,7 +16,9 @@ import torch
 from sarathi.model import kernels, quantized
 from sarathi.model.linear import Linear
 
-pytestmark = pytest.mark.skipif(not kernels.quant_available(), reason="sarathi's CPU kernels do not run here")
+pytestmark = pytest.mark.skipif(
+    not kernels.portable_available(), reason="sarathi's CPU kernels do not run here"
+)
 
 # Ranges for each format's float16 fields (d, and m / dmin where present) that keep weights ~N(0, 0.05)-sized.
 _HALF_FIELDS = {

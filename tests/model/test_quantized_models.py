@@ -14,7 +14,9 @@ from sarathi.model import embedded_model_path, kernels, load_model
 from sarathi.model.embedded import embedded_gguf_path
 from sarathi.model.linear import Linear
 
-pytestmark = pytest.mark.skipif(not kernels.quant_available(), reason="sarathi's CPU kernels do not run here")
+pytestmark = pytest.mark.skipif(
+    not kernels.portable_available(), reason="sarathi's CPU kernels do not run here"
+)
 # What `--dtype auto` computes in: bf16 math where the AVX512-BF16 kernels run, else float32 around the
 # quantized kernels' AVX2 path.
 COMPUTE = torch.bfloat16 if kernels.available() else torch.float32

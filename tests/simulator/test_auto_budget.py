@@ -56,7 +56,7 @@ def test_profile_key_names_the_cpu_precisely(monkeypatch):
     key = machine_profile.profile_key(engine_config())
     assert key["cpu"] == fake.key() and key["grid_version"] == machine_profile.GRID_VERSION
     # a kernel change or quantized weights time differently: their profiles are measured anew
-    own = "gguf" if kernels.quant_available() else "none"  # the embedded GGUF in its own quantization
+    own = "gguf" if kernels.portable_available() else "none"  # the embedded GGUF in its own quantization
     assert key["kernels"] == kernels.source_digest() and key["quantization"] == own
     assert machine_profile.profile_key(engine_config(dtype="bfloat16"))["quantization"] == "none"
     quantized = machine_profile.cached_profile_path(engine_config(quantization="int8"))

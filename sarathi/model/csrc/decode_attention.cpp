@@ -1,11 +1,9 @@
 // Decode attention over a paged KV cache, reading the cache's blocks in place (no gather into a buffer).
 //
-// One task per (sequence, kv head, span of kChunkKeys keys): its `rep` query heads (grouped-query attention)
-// score the span's keys, a float32 softmax over them, then the weighted sum of values. A context longer than one
-// span is merged from its spans' results by their softmax maxima and sums (flash-decoding's split): so one long
-// sequence spreads over every thread, and a row's result depends on its own context only, never on the batch.
-// Queries, scores, softmax and accumulation are float32; keys and values are read as stored (bf16 or float32)
-// and widened exactly.
+// One task per (sequence, kv head, span of keys; decode_attention_tasks.h): its `rep` query heads (grouped-query
+// attention) score the span's keys, a float32 softmax over them, then the weighted sum of values. Queries,
+// scores, softmax and accumulation are float32; keys and values are read as stored (bf16 or float32) and
+// widened exactly. This file is the AVX-512 build; CPUs without AVX512-BF16 run decode_attention_avx2.cpp's.
 //
 // Cache layout per layer: [kv_heads, num_blocks, block_size, head_dim]; block_tables [B, max_blocks].
 
@@ -20,9 +18,12 @@
 #include <cstdint>
 #include <vector>
 
-// vec_math.h is AVX-512 code, compiled for it (callers run only where cpu_supported() says so).
+#include "kernel_ops.h"
+
+// The task split and vec_math.h, compiled for AVX-512 here (run only where cpu_supported() says so).
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#include "decode_attention_tasks.h"
 #include "vec_math.h"
 #pragma GCC pop_options
 
@@ -78,34 +79,6 @@ void softmax_rows(float* scores, int64_t rows, int64_t context, float* stats) {
     const __m512 inv = _mm512_set1_ps(1.0f / total);
     for (int64_t j = 0; j < full; j += kLanes) _mm512_storeu_ps(s + j, _mm512_mul_ps(_mm512_loadu_ps(s + j), inv));
     if (tail) _mm512_mask_storeu_ps(s + full, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, s + full), inv));
-  }
-}
-
-// Calls f(j - first, row) for each key first <= j < context, row pointing at its head_dim values in this
-// head's blocks.
-// Blocks sit anywhere in the cache, too short for the hardware prefetcher to find each one in time, so the
-// block kPrefetchAhead places ahead is prefetched while this one is read.
-constexpr int64_t kPrefetchAhead = 4;
-
-template <typename T, typename F>
-inline void for_each_key(const T* head, const T* next_head, const int64_t* table, int64_t first, int64_t context,
-                         int64_t block_size, int64_t d, F&& f) {
-  const int64_t blocks = (context + block_size - 1) / block_size, first_block = first / block_size;
-  const int64_t block_bytes = block_size * d * static_cast<int64_t>(sizeof(T));
-  auto prefetch = [&](int64_t blk) {
-    const char* p = reinterpret_cast<const char*>(head + table[blk] * block_size * d);
-    for (int64_t off = 0; off < block_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
-    if (next_head) {  // the block the next pass reads, into L2 (a context's values fit there)
-      const char* n = reinterpret_cast<const char*>(next_head + table[blk] * block_size * d);
-      for (int64_t off = 0; off < block_bytes; off += 64) _mm_prefetch(n + off, _MM_HINT_T1);
-    }
-  };
-  for (int64_t blk = first_block; blk < std::min(blocks, first_block + kPrefetchAhead); ++blk) prefetch(blk);
-  for (int64_t blk = first_block; blk < blocks; ++blk) {
-    if (blk + kPrefetchAhead < blocks) prefetch(blk + kPrefetchAhead);
-    const int64_t start = std::max(first, blk * block_size), end = std::min(context, (blk + 1) * block_size);
-    const T* row = head + (table[blk] * block_size + start - blk * block_size) * d;
-    for (int64_t j = start; j < end; ++j, row += d) f(j - first, row);
   }
 }
 
@@ -251,19 +224,6 @@ GroupFn<T> specialized(int64_t vecs, int64_t rep) {
   return nullptr;
 }
 
-// Keys per span: a multiple of every usual block size; at 512 keys, SmolLM2's 3 kv heads make 12 tasks.
-constexpr int64_t kChunkKeys = 128;
-
-// The spans of a row's keys [first, context): aligned to multiples of kChunkKeys, so a row is split the same
-// way whatever batch it is in.
-struct Spans {
-  int64_t first, context;
-  int64_t begin() const { return first / kChunkKeys; }
-  int64_t count() const { return (context - 1) / kChunkKeys - begin() + 1; }
-  int64_t lo(int64_t c) const { return std::max(first, (begin() + c) * kChunkKeys); }
-  int64_t hi(int64_t c) const { return std::min(context, (begin() + c + 1) * kChunkKeys); }
-};
-
 // out[d] = the softmax-weighted mean of `n` spans' normalized outputs (span c's at partial + c * stride, its
 // softmax max and sum at stats + c * stat_stride).
 void merge_spans(const float* partial, int64_t stride, const float* stats, int64_t stat_stride, int64_t n,
@@ -285,75 +245,30 @@ void merge_spans(const float* partial, int64_t stride, const float* stats, int64
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& tables,
          const at::Tensor& lens, double scale, int64_t window, at::Tensor& out) {
-  const int64_t batch = q.size(0), heads = q.size(1), d = q.size(2);
-  const int64_t kv_heads = k_cache.size(0), num_blocks = k_cache.size(1), block_size = k_cache.size(2);
-  const int64_t rep = heads / kv_heads, max_blocks = tables.size(1);
-  const float* qp = q.data_ptr<float>();
-  const T* kp = k_cache.data_ptr<T>();
-  const T* vp = v_cache.data_ptr<T>();
-  const int64_t* tp = tables.data_ptr<int64_t>();
-  const int64_t* lp = lens.data_ptr<int64_t>();
-  float* op = out.data_ptr<float>();
-  const int64_t head_stride = num_blocks * block_size * d;
+  const int64_t heads = q.size(1), d = q.size(2), kv_heads = k_cache.size(0), rep = heads / kv_heads;
+  const int64_t block_size = k_cache.size(2);
   const float s = static_cast<float>(scale);
   const GroupFn<T> group = specialized<T>(d / kLanes, rep);
   // One query head per task where no grouped instance exists (head_dim 256: Gemma 3), else one kv head's group.
   const HeadFn<T> head = group ? nullptr : head_specialized<T>(d / kLanes);
-  const int64_t units = head ? heads : kv_heads, per_unit = heads / units;
-  std::vector<Spans> spans(batch);
-  std::vector<int64_t> task0(batch + 1, 0), part0(batch + 1, 0);  // first task, first partial span of each row
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t context = lp[b], first = window > 0 ? std::max<int64_t>(0, context - window) : 0;
-    spans[b] = {first, context};
-    const int64_t n = spans[b].count();
-    task0[b + 1] = task0[b] + units * n;
-    part0[b + 1] = part0[b] + (n > 1 ? n : 0);
-  }
-  // Rows of more than one span write each span's normalized output and softmax stats here, merged below.
-  at::Tensor partial = at::empty({part0[batch] * heads * (d + 2)}, q.options());
-  float* pp = partial.data_ptr<float>();
-  float* stat_p = pp + part0[batch] * heads * d;
-  at::parallel_for(0, task0[batch], 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores(static_cast<size_t>(per_unit * kChunkKeys)), own_stats(2 * per_unit);
-    int64_t b = std::upper_bound(task0.begin(), task0.end(), t0) - task0.begin() - 1;
-    for (int64_t t = t0; t < t1; ++t) {
-      while (t >= task0[b + 1]) ++b;
-      const Spans& sp_b = spans[b];
-      // span-major: the query heads of one kv head (head path) read a span one after the other, from L2
-      const int64_t n = sp_b.count(), c = (t - task0[b]) / units, u = (t - task0[b]) % units;
-      const int64_t g = head ? u / rep : u, h0 = u * per_unit;  // kv head, first query head
-      const float* qu = qp + (b * heads + h0) * d;
-      float* o = op + (b * heads + h0) * d;
-      float* st = own_stats.data();
-      if (n > 1) {  // partial span c of row b: [span][head][d], stats [span][head][2]
-        o = pp + ((part0[b] + c) * heads + h0) * d;
-        st = stat_p + ((part0[b] + c) * heads + h0) * 2;
-      }
-      const int64_t* table = tp + b * max_blocks;
-      if (head) {
-        head(qu, kp + g * head_stride, vp + g * head_stride, table, sp_b.lo(c), sp_b.hi(c), block_size, s,
-             scores.data(), o, st);
-      } else if (group) {
-        group(qu, kp + g * head_stride, vp + g * head_stride, table, sp_b.lo(c), sp_b.hi(c), block_size, s,
-              scores.data(), o, st);
-      } else {
-        attend_group_generic<T>(qu, kp + g * head_stride, vp + g * head_stride, table, sp_b.lo(c), sp_b.hi(c),
-                                block_size, d, rep, s, scores.data(), o, st);
-      }
-    }
-  });
-  if (part0[batch] == 0) return;
-  at::parallel_for(0, batch * heads, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t b = r / heads, h = r % heads, n = part0[b + 1] - part0[b];
-      if (n > 1)
-        merge_spans(pp + (part0[b] * heads + h) * d, heads * d, stat_p + (part0[b] * heads + h) * 2, heads * 2, n, d,
-                    op + r * d);
-    }
-  });
+  run_tasks<T>(
+      q, k_cache, v_cache, tables, lens, window, head ? heads : kv_heads, out,
+      [&](const float* qu, const T* k_head, const T* v_head, const int64_t* table, int64_t first, int64_t context,
+          float* scores, float* o, float* st) {
+        if (head) {
+          head(qu, k_head, v_head, table, first, context, block_size, s, scores, o, st);
+        } else if (group) {
+          group(qu, k_head, v_head, table, first, context, block_size, s, scores, o, st);
+        } else {
+          attend_group_generic<T>(qu, k_head, v_head, table, first, context, block_size, d, rep, s, scores, o, st);
+        }
+      },
+      merge_spans);
 }
 
 }  // namespace
+
+#pragma GCC pop_options
 
 // q [B, heads, d] (cast to float32), caches [kv_heads, num_blocks, block_size, d] (bf16 or float32),
 // block_tables [B, max_blocks] int64, context_lens [B] int64 (each >= 1), window (> 0: attend to each row's
@@ -379,17 +294,19 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache, c
   for (int64_t b = 0; b < batch; ++b)  // a loop, not max()/min() ops: this runs once per layer per step
     TORCH_CHECK(lp[b] >= 1 && lp[b] <= tables.size(1) * k_cache.size(2),
                 "decode_attention: context length outside the block table");
+  TORCH_CHECK(k_cache.scalar_type() == at::kBFloat16 || k_cache.scalar_type() == at::kFloat,
+              "decode_attention: cache must be bf16 or float32");
   at::Tensor out = at::empty({batch, heads * d}, q.options());
-  if (k_cache.scalar_type() == at::kBFloat16) {
+  static const bool avx512 = cpu_supported();
+  if (!avx512) {  // the AVX2 build (the Python side runs this only where cpu_portable_supported() says so)
+    decode_attention_avx2(q, k_cache, v_cache, tables, lens, scale, window, out);
+  } else if (k_cache.scalar_type() == at::kBFloat16) {
     run<at::BFloat16>(q, k_cache, v_cache, tables, lens, scale, window, out);
   } else {
-    TORCH_CHECK(k_cache.scalar_type() == at::kFloat, "decode_attention: cache must be bf16 or float32");
     run<float>(q, k_cache, v_cache, tables, lens, scale, window, out);
   }
   return out;
 }
-
-#pragma GCC pop_options
 
 TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
   lib.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, "

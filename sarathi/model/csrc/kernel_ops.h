@@ -25,6 +25,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& q
 at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
                             const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
                             int64_t window);
+// rope_write_kv's AVX2 build, on inputs rope_write_kv has checked and made contiguous (k_out, v_out: null
+// when not returned; q_norm, k_norm: null without QK-norm).
+void rope_write_kv_avx2(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
+                        at::Tensor& v_cache, const at::Tensor& slots, int64_t heads, at::Tensor& q_out,
+                        at::Tensor* k_out, at::Tensor* v_out, const float* q_norm, const float* k_norm, float eps);
+// decode_attention's AVX2 build, on inputs decode_attention has checked (q float32, tables and lens int64).
+void decode_attention_avx2(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const at::Tensor& tables, const at::Tensor& lens, double scale, int64_t window,
+                           at::Tensor& out);
 void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& sc,
                 const at::Tensor& dm, const at::Tensor& mc, int64_t bits, int64_t sub, int64_t zero, at::Tensor& out);
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& sc,

@@ -472,7 +472,7 @@ void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tenso
   const int64_t ldy = out.stride(0);
   const int key = static_cast<int>(bits) * 1000 + static_cast<int>(sub) * 10 + (has_sc ? 2 : 0) + (has_min ? 1 : 0);
   static const bool avx512 = cpu_supported();
-  if (!avx512) {  // the AVX2 path (the Python side runs this only where cpu_quant_supported() says so)
+  if (!avx512) {  // the AVX2 path (the Python side runs this only where cpu_portable_supported() says so)
     quant_gemm_avx2(x_in, w, key, sub, yp, ldy, n);
     return;
   }
@@ -510,11 +510,12 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::
   return out;
 }
 
-// Whether quant_gemm, quant_linear and quant_rows run on this CPU: AVX-512 with BF16 and VNNI, or AVX2.
-bool cpu_quant_supported() { return cpu_supported() || cpu_supports_avx2_quant(); }
+// Whether the kernels with an AVX2 build run on this CPU (AVX-512 with BF16 and VNNI, or AVX2 with FMA and
+// F16C): quant_gemm, quant_linear, quant_rows, rms_norm_f32, decode_attention and rope_write_kv.
+bool cpu_portable_supported() { return cpu_supported() || cpu_supports_avx2(); }
 
 TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
-  lib.def("cpu_quant_supported() -> bool", &cpu_quant_supported);
+  lib.def("cpu_portable_supported() -> bool", &cpu_portable_supported);
   lib.def("quant_linear(Tensor x, Tensor codes, Tensor d, Tensor sc, Tensor dm, Tensor mc, int bits, int sub, int zero, "
           "int n) -> Tensor",
           &quant_linear);

@@ -354,7 +354,7 @@ void run_float(const float* x, int64_t ldx, int64_t m, const Weight& w, float* y
 
 }  // namespace
 
-bool cpu_supports_avx2_quant() {
+bool cpu_supports_avx2() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }

@@ -67,9 +67,9 @@ bool with_format(int key, F&& f) {
   }
 }
 
-// Whether this CPU runs the AVX2 path (AVX2, FMA, F16C): quant_gemm's path where AVX-512 with BF16 and VNNI
+// Whether this CPU runs the AVX2 builds (AVX2, FMA, F16C): the kernels' path where AVX-512 with BF16 and VNNI
 // is missing.
-bool cpu_supports_avx2_quant();
+bool cpu_supports_avx2();
 
 // out[M, n] (float32, row stride ldy) = x (float32 or bf16 [M, K], unit column stride) @ W^T on the AVX2
 // path; `key` names the format as in quant_gemm.cpp (bits * 1000 + sub * 10 + 2 * sc + min).

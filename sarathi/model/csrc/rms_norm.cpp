@@ -1,7 +1,7 @@
 // RMSNorm of float32 rows in one pass: y = x / sqrt(mean(x^2) + eps) * w. PyTorch's CPU rms_norm runs five
 // elementwise ops, ~60 us a call for one 576-wide decode row on a Zen3, 61 calls a SmolLM2 step; this is the
 // norm of the float32 layers (the AVX2 machines' path, where the fused bf16 kernels do not run). AVX2 code:
-// the Python side calls it only where kernels.quant_available() (AVX2 or AVX-512) says so.
+// the Python side calls it only where kernels.portable_available() (AVX2 or AVX-512) says so.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

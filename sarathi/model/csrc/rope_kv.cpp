@@ -21,106 +21,68 @@
 #include <optional>
 #include <tuple>
 
-namespace sarathi_kernels {
+#include "kernel_ops.h"
 
+// This file is the AVX-512 build; CPUs without AVX512-BF16 run rope_kv_avx2.cpp's.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
 // x * cos is rounded, then swap(x) * sin is added in one fused multiply-add: bit for bit what PyTorch's mul +
 // addcmul compute (rope.apply_rope). A last-bit difference in q, amplified by the bf16 roundings downstream,
 // moved SmolLM2's logits by 3e-3; so the compiler may not contract anything else here.
 #pragma GCC optimize("fp-contract=off")
+#include "rope_kv_run.h"
 
+namespace sarathi_kernels {
 namespace {
 
 constexpr int64_t kLanes = 16;
 
-// x * cos + swap(x) * sin for 16 lanes at offset i of a head (half = d / 2, a multiple of 16).
-inline __m512 rotate16(const float* x, const float* cos, const float* sin, int64_t i, int64_t half) {
-  const int64_t partner = i < half ? i + half : i - half;
-  const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(cos + i));
-  return _mm512_fmadd_ps(_mm512_loadu_ps(x + partner), _mm512_loadu_ps(sin + i), a);
-}
+// rope_kv_run.h's lanes: 16 floats in a zmm register.
+struct Avx512 {
+  using V = __m512;
+  static constexpr int64_t kWidth = kLanes;
 
-constexpr int64_t kMaxHeadDim = 512;
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
 
-// dst = src / rms(src) * w over one head of d floats (d a multiple of 16).
-inline void rms_norm_head(const float* src, const float* w, float eps, int64_t d, float* dst) {
-  __m512 sq = _mm512_setzero_ps();
-  for (int64_t i = 0; i < d; i += kLanes) {
-    const __m512 x = _mm512_loadu_ps(src + i);
-    sq = _mm512_fmadd_ps(x, x, sq);
+  // x * cos + swap(x) * sin for 16 lanes at offset i of a head (half = d / 2, a multiple of 16).
+  static V rotate(const float* x, const float* cos, const float* sin, int64_t i, int64_t half) {
+    const int64_t partner = i < half ? i + half : i - half;
+    const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(cos + i));
+    return _mm512_fmadd_ps(_mm512_loadu_ps(x + partner), _mm512_loadu_ps(sin + i), a);
   }
-  const __m512 inv = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(d) + eps));
-  for (int64_t i = 0; i < d; i += kLanes)
-    _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(src + i), inv), _mm512_loadu_ps(w + i)));
-}
 
-// Round to the cache dtype and store; returns the stored value widened back to float32.
-inline __m512 store(float* dst, __m512 v) {
-  _mm512_storeu_ps(dst, v);
-  return v;
-}
-
-inline __m512 store(at::BFloat16* dst, __m512 v) {
-  const __m256i raw = (__m256i)_mm512_cvtneps_pbh(v);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), raw);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-template <typename T>
-void run(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
-         at::Tensor& v_cache, const at::Tensor& slots, int64_t heads, at::Tensor& q_out, at::Tensor* k_out,
-         at::Tensor* v_out, const float* q_norm, const float* k_norm, float eps) {
-  const int64_t tokens = qkv.size(0), rows = qkv.size(1), d = qkv.size(2), half = d / 2;
-  const int64_t kv_heads = (rows - heads) / 2;
-  const int64_t slots_per_head = k_cache.numel() / kv_heads / d;  // num_blocks * block_size
-  const float* src = qkv.data_ptr<float>();
-  const float* cp = cos.data_ptr<float>();
-  const float* sp = sin.data_ptr<float>();
-  const int64_t* slot = slots.data_ptr<int64_t>();
-  T* kc = k_cache.data_ptr<T>();
-  T* vc = v_cache.data_ptr<T>();
-  float* qo = q_out.data_ptr<float>();
-  float* ko = k_out ? k_out->data_ptr<float>() : nullptr;
-  float* vo = v_out ? v_out->data_ptr<float>() : nullptr;
-  at::parallel_for(0, tokens, 16, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const float* x = src + t * rows * d;
-      const float* c = cp + t * d;
-      const float* s = sp + t * d;
-      alignas(64) float normed[kMaxHeadDim];
-      for (int64_t h = 0; h < heads; ++h) {
-        const float* q = x + h * d;
-        if (q_norm) {
-          rms_norm_head(q, q_norm, eps, d, normed);
-          q = normed;
-        }
-        for (int64_t i = 0; i < d; i += kLanes)
-          _mm512_storeu_ps(qo + (t * heads + h) * d + i, rotate16(q, c, s, i, half));
-      }
-      for (int64_t g = 0; g < kv_heads; ++g) {
-        const float* k = x + (heads + g) * d;
-        if (k_norm) {
-          rms_norm_head(k, k_norm, eps, d, normed);
-          k = normed;
-        }
-        const float* v = x + (heads + kv_heads + g) * d;
-        T* kd = kc + (g * slots_per_head + slot[t]) * d;
-        T* vd = vc + (g * slots_per_head + slot[t]) * d;
-        for (int64_t i = 0; i < d; i += kLanes) {
-          const __m512 ks = store(kd + i, rotate16(k, c, s, i, half));
-          const __m512 vs = store(vd + i, _mm512_loadu_ps(v + i));
-          if (ko) {
-            _mm512_storeu_ps(ko + (t * kv_heads + g) * d + i, ks);
-            _mm512_storeu_ps(vo + (t * kv_heads + g) * d + i, vs);
-          }
-        }
-      }
+  // dst = src / rms(src) * w over one head of d floats (d a multiple of 16).
+  static void rms_norm_head(const float* src, const float* w, float eps, int64_t d, float* dst) {
+    __m512 sq = _mm512_setzero_ps();
+    for (int64_t i = 0; i < d; i += kLanes) {
+      const __m512 x = _mm512_loadu_ps(src + i);
+      sq = _mm512_fmadd_ps(x, x, sq);
     }
-  });
-}
+    const __m512 inv = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(d) + eps));
+    for (int64_t i = 0; i < d; i += kLanes)
+      _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(src + i), inv), _mm512_loadu_ps(w + i)));
+  }
+
+  // Round to the cache dtype and store; returns the stored value widened back to float32.
+  static V store_cache(float* dst, V v) {
+    _mm512_storeu_ps(dst, v);
+    return v;
+  }
+
+  static V store_cache(at::BFloat16* dst, V v) {
+    const __m256i raw = (__m256i)_mm512_cvtneps_pbh(v);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), raw);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+  }
+};
 
 }  // namespace
+}  // namespace sarathi_kernels
+
+#pragma GCC pop_options
+
+namespace sarathi_kernels {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& qkv_in, const at::Tensor& cos_in,
                                                              const at::Tensor& sin_in, at::Tensor& k_cache,
@@ -164,16 +126,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& q
   at::Tensor v = at::empty({kept, kv_heads, d}, qkv.options());
   at::Tensor* ko = return_kv ? &k : nullptr;
   at::Tensor* vo = return_kv ? &v : nullptr;
-  if (k_cache.scalar_type() == at::kBFloat16) {
-    run<at::BFloat16>(qkv, cos, sin, k_cache, v_cache, slots, heads, q, ko, vo, qn, kn, e);
+  TORCH_CHECK(k_cache.scalar_type() == at::kBFloat16 || k_cache.scalar_type() == at::kFloat,
+              "rope_write_kv: cache must be bf16 or float32");
+  static const bool avx512 = cpu_supported();
+  if (!avx512) {  // the AVX2 build (the Python side runs this only where cpu_portable_supported() says so)
+    rope_write_kv_avx2(qkv, cos, sin, k_cache, v_cache, slots, heads, q, ko, vo, qn, kn, e);
+  } else if (k_cache.scalar_type() == at::kBFloat16) {
+    rope_kv_run<Avx512, at::BFloat16>(qkv, cos, sin, k_cache, v_cache, slots, heads, q, ko, vo, qn, kn, e);
   } else {
-    TORCH_CHECK(k_cache.scalar_type() == at::kFloat, "rope_write_kv: cache must be bf16 or float32");
-    run<float>(qkv, cos, sin, k_cache, v_cache, slots, heads, q, ko, vo, qn, kn, e);
+    rope_kv_run<Avx512, float>(qkv, cos, sin, k_cache, v_cache, slots, heads, q, ko, vo, qn, kn, e);
   }
   return {q, k, v};
 }
-
-#pragma GCC pop_options
 
 TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
   lib.def("rope_write_kv(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
