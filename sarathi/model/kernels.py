@@ -10,9 +10,11 @@
 - `chunk_attention`: a prefill chunk's queries over the bf16 paged cache read in place, causal (and
   windowed), bf16 products with float32 sums and softmax (`csrc/chunk_attention.cpp`).
 - `argmax_rows`: torch.argmax(dim=-1) for float32 logits, vectorized (`csrc/argmax.cpp`).
-- `rms_norm_f32`: RMSNorm of float32 rows in one pass (`csrc/rms_norm.cpp`, AVX2): the float32 layers' norm.
-- `silu_mul_bf16`, `add_rms_norm_bf16`: a bf16-math layer's elementwise steps fused, one pass each
-  (`csrc/elementwise.cpp`).
+- `rms_norm_f32`: RMSNorm of float32 rows in one pass (`csrc/elementwise_avx2.cpp`, AVX2): the float32
+  layers' norm.
+- `silu_mul`, `gelu_mul`, `add_rms_norm`, `norm_add_rms_norm`: a layer's elementwise steps fused, one pass
+  each, with bf16 results for bf16 math (`csrc/elementwise.cpp`) or float32 results for float32 layers
+  (`csrc/elementwise_avx2.cpp`).
 - `rope_write_kv`: RoPE on q and k and the KV-cache write of k and v, one pass over qkv (`csrc/rope_kv.cpp`;
   AVX2 build `csrc/rope_kv_avx2.cpp`).
 - `quant_gemm`: x @ W^T for a weight kept in its GGUF quantization, codes decoded to bf16 in registers,
@@ -29,8 +31,8 @@ version, into the sarathi cache folder (about a minute on 2 cores; later process
 Where that cannot happen (no compiler, a CPU without AVX512-BF16, or `SARATHI_KERNELS=0`) `available()` is
 False, a one-line notice says why, and callers keep PyTorch's kernels. On a CPU with AVX2 but without
 AVX512-BF16 (AMD Zen 2/3, older Intel Xeons) the kernels with an AVX2 build still run: the quantized-weight
-kernels (`csrc/quant_gemm_avx2.cpp`), `rms_norm_f32`, `decode_attention` and `rope_write_kv`:
-`portable_available()`.
+kernels (`csrc/quant_gemm_avx2.cpp`), `rms_norm_f32`, the float32 fused steps, `decode_attention`,
+`rope_write_kv` and `decode_layer`: `portable_available()`.
 """
 
 from __future__ import annotations
@@ -122,8 +124,8 @@ def available() -> bool:
 
 def portable_available() -> bool:
     """Whether the kernels with an AVX2 build run here (`quant_gemm`, `quant_linear`, `quant_rows`,
-    `rms_norm_f32`, `decode_attention`, `rope_write_kv`): every AVX-512 BF16 CPU, and any with AVX2, FMA and
-    F16C."""
+    `rms_norm_f32` and the float32 fused steps, `decode_attention`, `rope_write_kv`, `decode_layer` over
+    float32 layers): every AVX-512 BF16 CPU, and any with AVX2, FMA and F16C."""
     return _level() in ("full", "avx2")
 
 
@@ -189,6 +191,7 @@ def decode_layer(
         weights.gelu,
         weights.qk_norm,
         weights.sandwich,
+        weights.f32,
     )
 
 
@@ -196,7 +199,8 @@ def decode_layer(
 class DecodeLayerWeights:
     """A layer's weights as `decode_layer` takes them: the norms (input, post-attention, then q and k with
     `qk_norm`, then pre- and post-feed-forward with `sandwich`); 5 tensors and 6 ints (linear, first row,
-    rows, bits, sub, zero) per quantized segment of qkv, o, gate_up and down, and their output widths."""
+    rows, bits, sub, zero) per quantized segment of qkv, o, gate_up and down, and their output widths; `f32`:
+    a float32 layer's steps (float32 results), else bf16 math's."""
 
     norms: list[torch.Tensor]
     tensors: list[torch.Tensor]
@@ -208,6 +212,7 @@ class DecodeLayerWeights:
     gelu: bool
     qk_norm: bool
     sandwich: bool
+    f32: bool = False
 
     @staticmethod
     def segments_of(linears: list[list[tuple[int, PackedQuant]]]) -> tuple[list[torch.Tensor], list[int]]:
@@ -256,30 +261,45 @@ def mask_logits_by_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: to
     torch.ops.sarathi_kernels.mask_logits_by_bitmask(logits, bitmask, rows)
 
 
-def silu_mul_bf16(gate_up: torch.Tensor) -> torch.Tensor:
-    """bf16(silu(gate) * up) from float32 [T, 2I] = [gate | up]: bf16 [T, I]."""
-    return torch.ops.sarathi_kernels.silu_mul_bf16(gate_up)
+def _fused_op(name: str, dtype: torch.dtype):
+    """The fused step `name` with `dtype` results: bf16 (bf16 math, `csrc/elementwise.cpp`) or float32
+    (float32 layers, `csrc/elementwise_avx2.cpp`)."""
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"{name}: results are bf16 or float32, not {dtype}")
+    return getattr(torch.ops.sarathi_kernels, f"{name}_{'bf16' if dtype == torch.bfloat16 else 'f32'}")
 
 
-def gelu_mul_bf16(gate_up: torch.Tensor) -> torch.Tensor:
-    """bf16(gelu_tanh(gate) * up) from gate_up's float32 [T, 2I] (Gemma's MLP)."""
-    return torch.ops.sarathi_kernels.gelu_mul_bf16(gate_up)
+def silu_mul(gate_up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """silu(gate) * up from float32 [T, 2I] = [gate | up]: [T, I] in `dtype` (bf16 rounded to nearest even,
+    or float32)."""
+    return _fused_op("silu_mul", dtype)(gate_up)
 
 
-def norm_add_rms_norm_bf16(
-    residual: torch.Tensor, x: torch.Tensor, w_x: torch.Tensor, w_next: torch.Tensor | None, eps: float
+def gelu_mul(gate_up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """gelu_tanh(gate) * up from gate_up's float32 [T, 2I] (Gemma's MLP), in `dtype`."""
+    return _fused_op("gelu_mul", dtype)(gate_up)
+
+
+def norm_add_rms_norm(
+    residual: torch.Tensor,
+    x: torch.Tensor,
+    w_x: torch.Tensor,
+    w_next: torch.Tensor | None,
+    eps: float,
+    dtype: torch.dtype,
 ) -> torch.Tensor | None:
     """Gemma's sandwich step: residual += rms_norm(x) * w_x in place (float32 [T, H]); returns
-    bf16(rms_norm(residual) * w_next), or None without `w_next`."""
-    out = torch.ops.sarathi_kernels.norm_add_rms_norm_bf16(residual, x, w_x, w_next, eps)
+    rms_norm(residual) * w_next in `dtype`, or None without `w_next`."""
+    out = _fused_op("norm_add_rms_norm", dtype)(residual, x, w_x, w_next, eps)
     return out if w_next is not None else None
 
 
-def add_rms_norm_bf16(
-    residual: torch.Tensor, x: torch.Tensor | None, weight: torch.Tensor, eps: float
+def add_rms_norm(
+    residual: torch.Tensor, x: torch.Tensor | None, weight: torch.Tensor, eps: float, dtype: torch.dtype
 ) -> torch.Tensor:
-    """residual += x in place (float32 [T, H]; skipped when x is None); returns bf16(rms_norm(residual))."""
-    return torch.ops.sarathi_kernels.add_rms_norm_bf16(residual, x, weight, eps)
+    """residual += x in place (float32 [T, H]; skipped when x is None); returns rms_norm(residual) * weight
+    in `dtype`."""
+    return _fused_op("add_rms_norm", dtype)(residual, x, weight, eps)
 
 
 def rope_write_kv(

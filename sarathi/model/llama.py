@@ -61,18 +61,15 @@ class Dtypes:
         return self.storage, device, self.compute
 
     def fused(self, device: torch.device | str) -> bool:
-        """Whether a layer runs its elementwise steps through our fused kernels (bf16 math on a CPU where
-        they run)."""
-        return self.compute == torch.bfloat16 and torch.device(device).type == "cpu" and kernels.available()
-
-    def rope_in_kernel(self, device: torch.device | str) -> bool:
-        """Whether RoPE and the cache write may run in `kernels.rope_write_kv`: in fused layers, and in
-        float32 layers on CPUs without the AVX-512 kernels (AVX2), where float32 is the path served;
-        elsewhere float32 keeps PyTorch's ops."""
-        if self.fused(device):
-            return True
+        """Whether a layer runs its elementwise steps, RoPE and the cache write through our fused kernels:
+        bf16 math where the AVX-512 kernels run, float32 math on CPUs with only their AVX2 builds (there
+        float32 is the path served; on AVX-512 CPUs float32 keeps PyTorch's exact ops)."""
+        if torch.device(device).type != "cpu":
+            return False
+        if self.compute == torch.bfloat16:
+            return kernels.available()
         avx2_only = not kernels.available() and kernels.portable_available()
-        return self.compute == torch.float32 and torch.device(device).type == "cpu" and avx2_only
+        return self.compute == torch.float32 and avx2_only
 
 
 class RMSNorm(nn.Module):
@@ -124,7 +121,7 @@ class Attention(nn.Module):
         kv_start, kv_end = shard.kv_head_range(arch.num_key_value_heads)
         self.num_heads, self.num_kv_heads, self.head_dim = q_end - q_start, kv_end - kv_start, arch.head_dim
         self.scale = arch.attention_scale if arch.attention_scale is not None else self.head_dim**-0.5
-        self.tp, self.rope_in_kernel, self.eps = tp, dtypes.rope_in_kernel(device), arch.rms_norm_eps
+        self.tp, self.fused, self.eps = tp, dtypes.fused(device), arch.rms_norm_eps
         # (cache dtype, whether RoPE and the cache write run in our kernel for it), set on the first call
         self._rope_fused: tuple[torch.dtype, bool] | None = None
         self.q_norm = self.k_norm = None
@@ -145,7 +142,7 @@ class Attention(nn.Module):
         cos, sin, meta, plan = inputs.cos, inputs.sin, inputs.meta, inputs.plan
         qkv = self.qkv_proj(x).view(x.shape[0], h + 2 * kvh, self.head_dim)
         if self._rope_fused is None or self._rope_fused[0] != kv[0].dtype:  # once per cache dtype
-            serves = self.rope_in_kernel and kernels.rope_kernel_serves(self.head_dim, kv[0])
+            serves = self.fused and kernels.rope_kernel_serves(self.head_dim, kv[0])
             self._rope_fused = (kv[0].dtype, serves)
         if self._rope_fused[1] and qkv.dtype == torch.float32:
             # only a prefill chunk starting at 0 attends to its own k, v rather than the cache
@@ -183,7 +180,7 @@ class MLP(nn.Module):
         start, end = shard.column_range(arch.intermediate_size)
         width, hidden = end - start, arch.hidden_size
         self.tp, self.gelu = tp, arch.hidden_act == "gelu_pytorch_tanh"
-        self.fused = dtypes.fused(device)
+        self.fused, self.act_dtype = dtypes.fused(device), dtypes.compute
         self.gate_up_proj = Linear(hidden, 2 * width, arch.mlp_bias, *dtypes.linear(device))
         down_bias = arch.mlp_bias and shard.tp_rank == 0  # added once to the sum over TP ranks
         self.down_proj = Linear(width, hidden, down_bias, *dtypes.linear(device))
@@ -192,8 +189,8 @@ class MLP(nn.Module):
         """x [T, hidden] -> [T, hidden]."""
         gate_up = self.gate_up_proj(x)
         if self.fused and gate_up.dtype == torch.float32:
-            act_mul = kernels.gelu_mul_bf16 if self.gelu else kernels.silu_mul_bf16
-            return _row_parallel_output(self.down_proj(act_mul(gate_up)), self.tp)
+            act_mul = kernels.gelu_mul if self.gelu else kernels.silu_mul
+            return _row_parallel_output(self.down_proj(act_mul(gate_up, self.act_dtype)), self.tp)
         gate, up = gate_up.chunk(2, dim=-1)
         act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         return _row_parallel_output(self.down_proj(act * up), self.tp)
@@ -225,7 +222,7 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = RMSNorm(
                 arch.hidden_size, arch.rms_norm_eps, torch.float32, device
             )
-        self.fused, self.eps = dtypes.fused(device), arch.rms_norm_eps
+        self.fused, self.eps, self.act_dtype = dtypes.fused(device), arch.rms_norm_eps, dtypes.compute
         # (cache dtype, the weights `kernels.decode_layer` runs this layer with, or None), set on first use
         self._decode_kernel: tuple[torch.dtype, kernels.DecodeLayerWeights | None] | None = None
 
@@ -252,17 +249,18 @@ class DecoderLayer(nn.Module):
                 )
                 return h
         if self.fused and self.sandwich:  # each output normalized, added and the sum normalized: one pass
-            x = kernels.add_rms_norm_bf16(h, None, self.input_layernorm.weight, self.eps)
+            act = self.act_dtype
+            x = kernels.add_rms_norm(h, None, self.input_layernorm.weight, self.eps, act)
             attn = self.self_attn(x, inputs, kv)
             post, pre = self.post_attention_layernorm.weight, self.pre_feedforward_layernorm.weight
-            x = kernels.norm_add_rms_norm_bf16(h, attn, post, pre, self.eps)
+            x = kernels.norm_add_rms_norm(h, attn, post, pre, self.eps, act)
             last = self.post_feedforward_layernorm.weight
-            kernels.norm_add_rms_norm_bf16(h, self.mlp(x), last, None, self.eps)
+            kernels.norm_add_rms_norm(h, self.mlp(x), last, None, self.eps, act)
             return h
         if self.fused:  # the residual adds happen in place, inside the norms' single pass
-            x = kernels.add_rms_norm_bf16(h, None, self.input_layernorm.weight, self.eps)
+            x = kernels.add_rms_norm(h, None, self.input_layernorm.weight, self.eps, self.act_dtype)
             attn = self.self_attn(x, inputs, kv)
-            x = kernels.add_rms_norm_bf16(h, attn, self.post_attention_layernorm.weight, self.eps)
+            x = kernels.add_rms_norm(h, attn, self.post_attention_layernorm.weight, self.eps, self.act_dtype)
             return h.add_(self.mlp(x))
         if self.sandwich:
             h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), inputs, kv))
@@ -303,6 +301,7 @@ class DecoderLayer(nn.Module):
                     mlp.gelu,
                     attn.q_norm is not None,
                     self.sandwich,
+                    self.act_dtype == torch.float32,
                 )
             self._decode_kernel = (k_cache.dtype, weights)
         return self._decode_kernel[1]

@@ -21,6 +21,17 @@ from sarathi.model.linear import Linear
 
 needs_avx512 = pytest.mark.skipif(not kernels.available(), reason="kernels need a compiler and AVX512-BF16")
 needs_avx2 = pytest.mark.skipif(not kernels.portable_available(), reason="kernels need a compiler and AVX2")
+# The fused steps' result dtypes: bf16 (bf16 math, AVX-512) and float32 (float32 layers, AVX2).
+RESULT_DTYPES = [
+    pytest.param(torch.bfloat16, marks=needs_avx512, id="bf16"),
+    pytest.param(torch.float32, marks=needs_avx2, id="f32"),
+]
+
+
+def _relative_tolerance(dtype: torch.dtype) -> float:
+    """Float32 math differing by an ulp can round to the neighbouring bf16 value, never further; float32
+    results differ from torch's by a few ulps (another summation order, our exp)."""
+    return 2**-7 if dtype == torch.bfloat16 else 4e-6
 
 
 @needs_avx512
@@ -254,33 +265,34 @@ def test_without_kernels_pytorch_serves_and_auto_means_float32():
     assert "SARATHI_KERNELS=0" in done.stderr  # the one-line notice
 
 
-@needs_avx512
+@pytest.mark.parametrize("dtype", RESULT_DTYPES)
 @pytest.mark.parametrize("rows", [0, 1, 7, 64])
 @pytest.mark.parametrize("width", [1536, 40, 17])
-def test_silu_mul_bf16_is_the_rounded_torch_result(rows, width):
+def test_silu_mul_is_the_rounded_torch_result(dtype, rows, width):
     g = torch.Generator().manual_seed(rows + width)
     gate_up = torch.randn(rows, 2 * width, generator=g) * 4
-    expected = (torch.nn.functional.silu(gate_up[:, :width]) * gate_up[:, width:]).bfloat16()
-    got = kernels.silu_mul_bf16(gate_up)
-    assert got.dtype == torch.bfloat16 and got.shape == (rows, width)
-    # Float32 math differing by an ulp can round to the neighbouring bf16 value, never further.
-    assert (got.float() - expected.float()).abs().le(expected.float().abs() * 2**-7 + 1e-30).all()
+    expected = (torch.nn.functional.silu(gate_up[:, :width]) * gate_up[:, width:]).to(dtype)
+    got = kernels.silu_mul(gate_up, dtype)
+    assert got.dtype == dtype and got.shape == (rows, width)
+    tol = _relative_tolerance(dtype)
+    assert (got.float() - expected.float()).abs().le(expected.float().abs() * tol + 1e-30).all()
 
 
-@needs_avx512
+@pytest.mark.parametrize("dtype", RESULT_DTYPES)
 @pytest.mark.parametrize("rows", [0, 1, 7, 64])
 @pytest.mark.parametrize("width", [576, 40, 17])
 @pytest.mark.parametrize("add", [False, True])
-def test_add_rms_norm_bf16_updates_the_residual_and_normalizes(rows, width, add):
+def test_add_rms_norm_updates_the_residual_and_normalizes(dtype, rows, width, add):
     g = torch.Generator().manual_seed(rows * 7 + width)
     residual = torch.randn(rows, width, generator=g) * 3
     x = torch.randn(rows, width, generator=g) if add else None
     weight = torch.rand(width, generator=g) + 0.5
     summed = residual + x if add else residual.clone()
-    expected = torch.nn.functional.rms_norm(summed, (width,), weight, 1e-5).bfloat16()
-    got = kernels.add_rms_norm_bf16(residual, x, weight, 1e-5)
-    assert torch.equal(residual, summed)  # updated in place
-    assert (got.float() - expected.float()).abs().le(expected.float().abs() * 2**-7 + 1e-30).all()
+    expected = torch.nn.functional.rms_norm(summed, (width,), weight, 1e-5).to(dtype)
+    got = kernels.add_rms_norm(residual, x, weight, 1e-5, dtype)
+    assert got.dtype == dtype and torch.equal(residual, summed)  # updated in place
+    tol = _relative_tolerance(dtype)
+    assert (got.float() - expected.float()).abs().le(expected.float().abs() * tol + 1e-30).all()
 
 
 @needs_avx2
@@ -357,43 +369,50 @@ def test_mask_logits_by_bitmask_matches_unpacked_bits(vocab):
     assert torch.equal(out, expected)
 
 
-@needs_avx512
+@pytest.mark.parametrize("dtype", RESULT_DTYPES)
 @pytest.mark.parametrize("rows", [0, 1, 7, 64])
 @pytest.mark.parametrize("width", [2048, 40, 17])
-def test_gelu_mul_bf16_is_the_rounded_exact_result(rows, width):
+def test_gelu_mul_is_the_rounded_exact_result(dtype, rows, width):
     g = torch.Generator().manual_seed(rows + width)
     gate_up = torch.randn(rows, 2 * width, generator=g) * 4
     gate, up = gate_up.double()[:, :width], gate_up.double()[:, width:]
     # float64 in the sigmoid form (0.5 * (1 + tanh(z)) = sigmoid(2z)): the tanh form cancels to 0 for
     # negative gates, in float32 (torch) and float64 alike
     exact = gate * torch.sigmoid(2 * (2 / torch.pi) ** 0.5 * (gate + 0.044715 * gate**3)) * up
-    got = kernels.gelu_mul_bf16(gate_up)
-    assert got.dtype == torch.bfloat16 and got.shape == (rows, width)
-    assert (got.double() - exact).abs().le(exact.abs() * 2**-7 + 1e-30).all()
-    torch_gelu = (
-        torch.nn.functional.gelu(gate_up[:, :width], approximate="tanh") * gate_up[:, width:]
-    ).bfloat16()
+    got = kernels.gelu_mul(gate_up, dtype)
+    assert got.dtype == dtype and got.shape == (rows, width)
+    # float32 results: e^z is conditioned by |z| (a float32 z carries |z| * 2^-24 of error), up to ~1e-5
+    # relative for the most negative gates here
+    tol = 2**-7 if dtype == torch.bfloat16 else 3e-5
+    assert (got.double() - exact).abs().le(exact.abs() * tol + 1e-30).all()
+    torch_gelu = (torch.nn.functional.gelu(gate_up[:, :width], approximate="tanh") * gate_up[:, width:]).to(
+        dtype
+    )
     # and torch's own result but where its tanh form cancels (|gate| > ~5: off by up to ~1e-6 there)
-    assert (got.float() - torch_gelu.float()).abs().le(torch_gelu.float().abs() * 2**-7 + 1e-5).all()
+    assert (got.float() - torch_gelu.float()).abs().le(torch_gelu.float().abs() * tol + 1e-5).all()
 
 
-@needs_avx512
+@pytest.mark.parametrize("dtype", RESULT_DTYPES)
 @pytest.mark.parametrize("rows", [0, 1, 7, 64])
 @pytest.mark.parametrize("width", [640, 40, 17])
 @pytest.mark.parametrize("next_norm", [False, True])
-def test_norm_add_rms_norm_bf16_is_gemmas_sandwich_step(rows, width, next_norm):
+def test_norm_add_rms_norm_is_gemmas_sandwich_step(dtype, rows, width, next_norm):
     g = torch.Generator().manual_seed(rows * 5 + width)
     residual = torch.randn(rows, width, generator=g) * 3
     x = torch.randn(rows, width, generator=g) * 40
     w_x, w_next = torch.rand(width, generator=g) + 0.5, torch.rand(width, generator=g) + 0.5
     summed = residual + torch.nn.functional.rms_norm(x, (width,), w_x, 1e-6)
-    got = kernels.norm_add_rms_norm_bf16(residual, x, w_x, w_next if next_norm else None, 1e-6)
+    got = kernels.norm_add_rms_norm(residual, x, w_x, w_next if next_norm else None, 1e-6, dtype)
     assert torch.allclose(residual, summed, rtol=1e-6, atol=1e-6)  # updated in place
     if not next_norm:
         assert got is None
         return
-    expected = torch.nn.functional.rms_norm(summed, (width,), w_next, 1e-6).bfloat16()
-    assert (got.float() - expected.float()).abs().le(expected.float().abs() * 2**-7 + 1e-30).all()
+    # normalized from the residual as updated (its float32 sums may differ from torch's in the last bit,
+    # which a float32 result would show where a sum nearly cancels)
+    expected = torch.nn.functional.rms_norm(residual, (width,), w_next, 1e-6).to(dtype)
+    tol = _relative_tolerance(dtype)
+    assert got.dtype == dtype
+    assert (got.float() - expected.float()).abs().le(expected.float().abs() * tol + 1e-30).all()
 
 
 @needs_avx2

@@ -88,13 +88,12 @@ def test_load_time_quantization_of_a_safetensors_checkpoint(quantization, prompt
     assert err <= LOAD_TIME_BOUNDS[quantization]
 
 
-@pytest.mark.skipif(not kernels.available(), reason="decode_layer needs AVX512-BF16")
 @pytest.mark.parametrize("family", ["smollm2", "gemma3", "qwen3"])
 def test_decode_layer_kernel_is_the_layer_by_layer_path_bit_for_bit(family, tmp_path, monkeypatch) -> None:
     """Decodes only: `kernels.decode_layer` runs each layer's kernels in one call. Same logits and same K/V
     writes as the Python layer, bit for bit: SmolLM2's file with one layer's qkv made of two formats (two
     kernel calls), and random Gemma 3 (sandwich norms, QK-norm, GELU, sliding window 16) and Qwen3 (QK-norm)
-    quantized at load."""
+    quantized at load. In the compute dtype `auto` serves: bf16 math (AVX-512), or float32 layers (AVX2)."""
     from model_harness import SMALL_GEMMA3, SMALL_QWEN3, make_random_hf_model
 
     from sarathi.model import SeqSlice, allocate_kv_cache, build_attention_metadata
@@ -103,9 +102,7 @@ def test_decode_layer_kernel_is_the_layer_by_layer_path_bit_for_bit(family, tmp_
 
     g = torch.Generator().manual_seed(0)
     if family == "smollm2":
-        model, arch = load_model(
-            None, dtype=torch.bfloat16, compute_dtype=torch.bfloat16, quantization="gguf"
-        )[:2]
+        model, arch = load_model(None, dtype=torch.bfloat16, compute_dtype=COMPUTE, quantization="gguf")[:2]
         qkv = model.layers[0].self_attn.qkv_proj
         parts = [
             quantize(torch.randn(n, arch.hidden_size, generator=g) * 0.05, f)
@@ -116,7 +113,7 @@ def test_decode_layer_kernel_is_the_layer_by_layer_path_bit_for_bit(family, tmp_
     else:
         make_random_hf_model(SMALL_GEMMA3 if family == "gemma3" else SMALL_QWEN3, tmp_path)
         model, arch = load_model(
-            str(tmp_path), dtype=torch.bfloat16, compute_dtype=torch.bfloat16, quantization="int8"
+            str(tmp_path), dtype=torch.bfloat16, compute_dtype=COMPUTE, quantization="int8"
         )[:2]
     lens = [1, 40, 300]  # one key; inside one 128-key span (past Gemma's window); three spans merged
     per_seq = 20

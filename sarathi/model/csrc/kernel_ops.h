@@ -16,6 +16,13 @@ at::Tensor norm_add_rms_norm_bf16(at::Tensor& residual, const at::Tensor& x_in, 
                                   const std::optional<at::Tensor>& w_next_opt, double eps);
 at::Tensor silu_mul_bf16(const at::Tensor& gate_up);
 at::Tensor gelu_mul_bf16(const at::Tensor& gate_up);
+// The same steps with float32 results (AVX2: elementwise_avx2.cpp), for float32 layers.
+at::Tensor add_rms_norm_f32(at::Tensor& residual, const std::optional<at::Tensor>& x_opt, const at::Tensor& weight,
+                            double eps);
+at::Tensor norm_add_rms_norm_f32(at::Tensor& residual, const at::Tensor& x_in, const at::Tensor& w_x,
+                                 const std::optional<at::Tensor>& w_next_opt, double eps);
+at::Tensor silu_mul_f32(const at::Tensor& gate_up);
+at::Tensor gelu_mul_f32(const at::Tensor& gate_up);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& qkv_in, const at::Tensor& cos_in,
                                                              const at::Tensor& sin_in, at::Tensor& k_cache,
                                                              at::Tensor& v_cache, const at::Tensor& slot_mapping,
