@@ -43,8 +43,8 @@ def test_out_of_vocabulary_stop_token_id_is_a_400_and_the_engine_lives(server, s
 
 @pytest.fixture(scope="module")
 def faulty_server():
-    # bf16 weights: their greedy tokens do not depend on the batch (the quantized default's kernel takes a
-    # different activation path past 4 rows, so a stream's tokens may change with its company there)
+    # bf16 weights: where our bf16 GEMM runs (AVX512-BF16) their greedy tokens do not depend on the batch;
+    # elsewhere (FBGEMM's float32 GEMM over them) a row's last bits depend on how many rows share the call
     srv = ServerProcess(
         "--num-kv-blocks", "1024", "--dtype", "bfloat16", env={FAULT_TOKEN_ENV: str(FAULT_TOKEN_ID)}
     )
@@ -52,18 +52,39 @@ def faulty_server():
     srv.stop()
 
 
+# How far below the alone run's best token a batched stream's token may be where the two split: the last-bit
+# batch dependence of FBGEMM's GEMM (CPUs without AVX512-BF16) moved SmolLM2's logits by ~2e-3 over these
+# streams; a corrupted stream would split far from any tie.
+BATCH_NEAR_TIE = 2e-2
+
+
+def _same_tokens_or_a_near_tie(alone: dict, tokens: list[str]) -> None:
+    """A stream's tokens equal the alone run's, or are equal up to a step where the alone run's logprobs show
+    a near-tie between its token and the stream's (the comparison stops there, as in the invariance tests)."""
+    expected = alone["logprobs"]["tokens"]
+    assert len(tokens) == len(expected)
+    split = next((i for i, (a, b) in enumerate(zip(expected, tokens, strict=True)) if a != b), None)
+    if split is None:
+        return
+    top = alone["logprobs"]["top_logprobs"][split]
+    assert tokens[split] in top, f"step {split}: {tokens[split]!r} is not among the alone run's top 2 {top}"
+    gap = top[expected[split]] - top[tokens[split]]
+    assert gap < BATCH_NEAR_TIE, f"step {split}: {tokens[split]!r} {gap:.2e} below {expected[split]!r}"
+
+
 def test_a_request_that_raises_in_the_engine_fails_alone(faulty_server):
     """Fault injection: while 8 streams run, two requests whose sampling raises (one streaming, one not)
-    get an OpenAI-style internal error; the 8 streams finish with the same tokens as when run alone."""
+    get an OpenAI-style internal error; the 8 streams finish with the same tokens as when run alone (but
+    for a split at a near-tie where the kernels' last bits depend on the batch)."""
     url = faulty_server.url
     prompts = [f"Story {i}: once upon a time" for i in range(8)]
     alone = [
-        httpx.post(f"{url}/v1/completions", json=_greedy(p, 20), timeout=120).json()["choices"][0]["text"]
+        httpx.post(f"{url}/v1/completions", json=_greedy(p, 20, logprobs=2), timeout=120).json()["choices"][0]
         for p in prompts
     ]
 
-    async def stream(client: httpx.AsyncClient, body: dict) -> tuple[str, list[dict]]:
-        text, errors = [], []
+    async def stream(client: httpx.AsyncClient, body: dict) -> tuple[list[str], list[dict]]:
+        tokens, errors = [], []
         async with client.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as r:
             assert r.status_code == 200
             async for line in r.aiter_lines():
@@ -72,22 +93,23 @@ def test_a_request_that_raises_in_the_engine_fails_alone(faulty_server):
                 event = httpx.Response(200, content=line.removeprefix("data: ")).json()
                 if "error" in event:
                     errors.append(event)
-                else:
-                    text.append(event["choices"][0]["text"])
-        return "".join(text), errors
+                elif event["choices"][0]["logprobs"] is not None:
+                    tokens += event["choices"][0]["logprobs"]["tokens"]
+        return tokens, errors
 
     async def main():
         async with httpx.AsyncClient(timeout=300) as client:
-            faulty = _greedy("Boom", 20, stop_token_ids=[FAULT_TOKEN_ID])
-            tasks = [stream(client, _greedy(p, 20)) for p in prompts]
+            faulty = _greedy("Boom", 20, stop_token_ids=[FAULT_TOKEN_ID], logprobs=2)
+            tasks = [stream(client, _greedy(p, 20, logprobs=2)) for p in prompts]
             tasks.append(stream(client, faulty))
             tasks.append(client.post(f"{url}/v1/completions", json=faulty))
             return await asyncio.gather(*tasks)
 
-    *streams, (faulty_text, faulty_errors), faulty_response = asyncio.run(main())
-    for (text, errors), expected in zip(streams, alone, strict=True):
-        assert errors == [] and text == expected
-    assert faulty_text == "" and len(faulty_errors) == 1
+    *streams, (faulty_tokens, faulty_errors), faulty_response = asyncio.run(main())
+    for (tokens, errors), expected in zip(streams, alone, strict=True):
+        assert errors == []
+        _same_tokens_or_a_near_tie(expected, tokens)
+    assert faulty_tokens == [] and len(faulty_errors) == 1
     _assert_openai_error(faulty_errors[0], "internal_server_error")
     assert "injected fault" in faulty_errors[0]["error"]["message"]
     assert faulty_response.status_code == 500
