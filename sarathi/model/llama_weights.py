@@ -4,19 +4,17 @@ the checkpoint has them (GGUF), values everywhere else."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
+from torch import nn
 
 from sarathi.model.linear import Linear
 from sarathi.model.quantized import quantize
 from sarathi.model.weight_parts import Fetch, QuantizedFetch, TensorPart
 
-if TYPE_CHECKING:
-    from sarathi.model.llama import LlamaForCausalLM
+# `model` below is a `sarathi.model.llama.LlamaForCausalLM`, typed as a module: that file imports this one.
 
 
-def hf_weight_sources(model: LlamaForCausalLM) -> dict[str, list[TensorPart]]:
+def hf_weight_sources(model: nn.Module) -> dict[str, list[TensorPart]]:
     """For each parameter to load: the parts of HF checkpoint tensors concatenated (dim 0) to form it."""
     arch, shard = model.arch, model.shard
     sources: dict[str, list[TensorPart]] = {}
@@ -51,7 +49,7 @@ def hf_weight_sources(model: LlamaForCausalLM) -> dict[str, list[TensorPart]]:
     return sources
 
 
-def _linear_parts(model: LlamaForCausalLM, hf: str, name: str, suffix: str) -> list[TensorPart]:
+def _linear_parts(model: nn.Module, hf: str, name: str, suffix: str) -> list[TensorPart]:
     """The HF parts of one (fused) linear layer's weight or bias in this TP rank's shard."""
     arch, shard, hd = model.arch, model.shard, model.arch.head_dim
     q0, q1 = shard.q_head_range(arch.num_attention_heads, arch.num_key_value_heads)
@@ -75,7 +73,7 @@ def _linear_parts(model: LlamaForCausalLM, hf: str, name: str, suffix: str) -> l
 
 
 @torch.no_grad()
-def load_hf_weights(model: LlamaForCausalLM, fetch: Fetch, quantized: QuantizedFetch | None = None) -> None:
+def load_hf_weights(model: nn.Module, fetch: Fetch, quantized: QuantizedFetch | None = None) -> None:
     """Fill every parameter from parts of HF tensors; `fetch(part)` returns that part (any dtype) or
     raises KeyError. Only this shard's slices are requested.
 
@@ -120,7 +118,7 @@ def load_hf_weights(model: LlamaForCausalLM, fetch: Fetch, quantized: QuantizedF
 
 
 @torch.no_grad()
-def quantize_linear_layers(model: LlamaForCausalLM, qtype: str) -> None:
+def quantize_linear_layers(model: nn.Module, qtype: str) -> None:
     """Quantize every linear layer's loaded weight to `qtype` blocks (layers whose width is not a whole
     number of blocks stay as they are)."""
     for module in model.modules():
