@@ -86,7 +86,8 @@ def test_the_demo_script_prints_its_choices_and_runs_bench_with_them(tmp_path, m
 def test_where_no_budget_meets_the_strict_slo_the_demo_takes_a_looser_one_and_says_so():
     """A CPU whose prefill is slow beside its decode (a Zen3 with the AVX2 decode kernels: 11 ms decodes,
     64 ms for the smallest mixed iteration) has no budget for the strict SLO: capacity 0 there, so the demo
-    takes 10x the one-sequence decode instead (here forced with an SLO no budget meets)."""
+    takes the paper's relaxed SLO, 25x the one-sequence decode, instead (here forced with an SLO no budget
+    meets)."""
     from benchmarks.demo_plan import DEMO_SEARCH, reachable_slo
     from sarathi.simulator.auto_budget import choose_token_budget, one_sequence_decode_s
 
@@ -100,9 +101,9 @@ def test_where_no_budget_meets_the_strict_slo_the_demo_takes_a_looser_one_and_sa
     unreachable = choose(0.5 * decode, "below any iteration")
     assert not unreachable.meets_slo
     choice = reachable_slo(unreachable, model, choose)
-    assert choice.meets_slo and choice.tbt_slo_s == pytest.approx(10 * decode)
+    assert choice.meets_slo and choice.tbt_slo_s == pytest.approx(25 * decode)
     assert choice.mixed_iteration_s <= choice.tbt_slo_s and choice.capacity_qps > 0
-    assert choice.slo_reason.startswith("10x the one-sequence decode iteration")
+    assert choice.slo_reason.startswith("25x the one-sequence decode iteration")
     assert "no budget meets the paper's strict SLO" in choice.slo_reason
     met = choose(5 * decode, "strict")
     assert met.meets_slo and reachable_slo(met, model, choose) is met  # a reachable SLO is kept
