@@ -8,12 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.demo_plan import DemoSettings, plan_demo, predicted_wall_seconds, simulate_demo
+from benchmarks.demo_plan import DEMO_SEARCH, DemoSettings, plan_demo, predicted_wall_seconds, simulate_demo
+from sarathi.simulator.auto_budget import choose_token_budget, one_sequence_decode_s
 from sarathi.simulator.machine_profile import predicted_profile_seconds
 from sarathi.simulator.measured import MeasuredLatencyModel
 
 PROFILES = sorted((Path(__file__).parents[1] / "data" / "latency-profiles").glob("*.json"))
 DEMO_BOUND_S = 300.0
+PROFILE_BOUND_S = 150.0
+# Kept profiles of CPUs slower than the three kinds the 5-minute promise names (Zen4, Zen5, a Xeon without
+# AVX512-BF16), with the bounds they are held to instead: a 2-core Zen3 has neither AVX-512 nor bf16, and its
+# float32 FMA rate (~130 GFLOP/s) makes the one-time profile ~150 s and the four runs ~4.5 min (measured
+# 4:37 for `python -m benchmarks.demo` with the profile cached).
+SLOWER_MACHINE_BOUNDS_S = {"amd-epyc-zen3-family25-model1-q4_1-grid2": (160.0, 480.0)}
 
 
 @pytest.fixture(scope="module", params=PROFILES, ids=[p.stem for p in PROFILES])
@@ -27,15 +34,26 @@ def test_profiles_are_kept():
     assert PROFILES, "tests/data/latency-profiles/ holds no profile"
 
 
-def test_the_calibrated_budget_meets_the_strict_slo(calibrated):
-    _, plan, runs = calibrated
+def test_the_calibrated_budget_meets_the_strict_slo_or_says_why_not(calibrated):
+    """The paper's strict SLO where some budget meets it (the Zen4s); else (the Zen3) its relaxed one."""
+    model, plan, runs = calibrated
     assert plan.choice.meets_slo, plan.describe()
     assert plan.choice.mixed_iteration_s <= plan.choice.tbt_slo_s
     assert runs["sarathi"]["tbt_p99"] <= plan.choice.tbt_slo_s
     assert plan.qps > 0.05
     text = plan.describe()  # what the demo prints: machine, SLO, budget and load, each with its reason
     assert text.startswith("machine: ") and "held-out error" in text
-    assert f"SLO: P99 TBT <= {plan.choice.tbt_slo_s * 1e3:.0f} ms (default: 5x" in text
+    decode = one_sequence_decode_s(model)
+    if plan.choice.tbt_slo_s == pytest.approx(5 * decode):
+        assert f"SLO: P99 TBT <= {plan.choice.tbt_slo_s * 1e3:.0f} ms (default: 5x" in text
+    else:
+        assert plan.choice.tbt_slo_s == pytest.approx(25 * decode)
+        assert f"SLO: P99 TBT <= {plan.choice.tbt_slo_s * 1e3:.0f} ms (25x the one-sequence decode" in text
+        assert "no budget meets the paper's strict SLO" in text
+        settings = plan.settings
+        config, workload = settings.engine_config(), settings.workload()
+        strict = choose_token_budget(config, model, 5 * decode, "strict", workload, search=DEMO_SEARCH)
+        assert not strict.meets_slo
     assert f"token budget: {plan.choice.token_budget} (chosen as --token-budget auto does" in text
     assert f"load: {plan.qps:g} QPS = {plan.load_fraction:.0%} of sarathi's simulated capacity" in text
 
@@ -54,11 +72,14 @@ def test_sarathi_separates_from_vllm_at_the_calibrated_load(calibrated):
     assert runs["faster_transformer"]["scheduling_delay_p50"] > sarathi["scheduling_delay_p50"]
 
 
-def test_the_demo_fits_in_five_minutes_with_its_profile(calibrated):
+def test_the_demo_fits_in_five_minutes_with_its_profile(calibrated, request):
     model, _, runs = calibrated
+    profile_bound, demo_bound = SLOWER_MACHINE_BOUNDS_S.get(
+        request.node.callspec.id, (PROFILE_BOUND_S, DEMO_BOUND_S)
+    )
     profile_s = predicted_profile_seconds(model, max_model_len=8192)
-    assert profile_s <= 150.0
-    assert predicted_wall_seconds(runs, profile_s) <= DEMO_BOUND_S
+    assert profile_s <= profile_bound
+    assert predicted_wall_seconds(runs, profile_s) <= demo_bound
 
 
 def test_the_demo_script_prints_its_choices_and_runs_bench_with_them(tmp_path, monkeypatch, capsys):
@@ -88,10 +109,10 @@ def test_where_no_budget_meets_the_strict_slo_the_demo_takes_a_looser_one_and_sa
     64 ms for the smallest mixed iteration) has no budget for the strict SLO: capacity 0 there, so the demo
     takes the paper's relaxed SLO, 25x the one-sequence decode, instead (here forced with an SLO no budget
     meets)."""
-    from benchmarks.demo_plan import DEMO_SEARCH, reachable_slo
-    from sarathi.simulator.auto_budget import choose_token_budget, one_sequence_decode_s
+    from benchmarks.demo_plan import reachable_slo
 
-    model, settings = MeasuredLatencyModel.load(PROFILES[0]), DemoSettings()
+    zen4 = PROFILES[0].parent / "amd-epyc-zen4-family25-model17-bf16-grid2.json"  # strict SLO reachable
+    model, settings = MeasuredLatencyModel.load(zen4), DemoSettings()
 
     def choose(slo: float, reason: str):
         config, workload = settings.engine_config(), settings.workload()
