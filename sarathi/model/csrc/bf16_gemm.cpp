@@ -7,7 +7,9 @@
 // Packed weight layout: [N/16][K/2][16][2] bf16. One 64-byte load holds, for 16 output columns, the two
 // weights of one pair of input positions, which is what VDPBF16PS multiplies against a broadcast pair of x.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -13,7 +13,8 @@
 // Cache layout per layer: [kv_heads, num_blocks, block_size, head_dim]; the block table lists the blocks
 // holding keys from `first_key` (a block boundary) on.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>

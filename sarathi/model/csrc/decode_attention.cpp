@@ -7,7 +7,8 @@
 //
 // Cache layout per layer: [kv_heads, num_blocks, block_size, head_dim]; block_tables [B, max_blocks].
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -4,7 +4,7 @@
 // one after the other (the span's keys stay in L1 between them) and keeps at most 64 of a head's output
 // columns in registers at a time.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>

@@ -9,7 +9,8 @@
 // zero); widths: the 4 linears' output widths. f32: the float32 layers' steps (float32 results: CPUs without
 // AVX512-BF16), else the bf16 math's.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <vector>

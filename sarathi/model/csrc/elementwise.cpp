@@ -7,7 +7,8 @@
 //   with w_next, bf16(rms_norm(residual) * w_next) (else an empty tensor).
 // Math in float32; the bf16 results are rounded to nearest even, as Tensor.to(torch.bfloat16) does.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -9,7 +9,9 @@
 // - silu_mul_f32, gelu_mul_f32: act(gate) * up from gate_up [T, 2I] (GELU-tanh for Gemma).
 // The Python side calls these only where kernels.portable_available() (AVX2 or AVX-512) says so.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

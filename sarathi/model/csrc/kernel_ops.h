@@ -1,7 +1,7 @@
 // The kernels other kernels compose (defined in their own files), declared once.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <tuple>

@@ -24,7 +24,8 @@
 //   8-bit: the 8 quads, 512 bytes, each code q - z + 128 (unsigned).
 // Scales: d, dm float16 [tiles, super-blocks, 16]; sc int8 and mc uint8 [tiles, sub-blocks, 16].
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -3,7 +3,7 @@
 // The layout itself is described at the top of quant_gemm.cpp.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 

@@ -6,7 +6,8 @@
 // float16 scale, a 6-bit multiplier and a code are exact in float32, so the only rounding is the final sum,
 // as in a float64 reference rounded to float32.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -10,7 +10,8 @@
 // without it they come back empty ([0, kv_heads, d]). With q_norm / k_norm weights [d] (QK-norm: Qwen3,
 // Gemma 3), each q and k head is first RMS-normalized over d and scaled by them.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

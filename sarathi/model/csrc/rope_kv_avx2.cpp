@@ -2,7 +2,7 @@
 // arithmetic in the same order as the AVX-512 build (rope_kv.cpp), bf16 rounded to nearest even in integer
 // code (AVX2 has no conversion instruction for it).
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <immintrin.h>
 

@@ -8,7 +8,7 @@
 // build gets its own copy, compiled for its instruction set.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 
 #include <cstdint>

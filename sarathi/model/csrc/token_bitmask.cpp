@@ -2,7 +2,7 @@
 // bitmask (bit j of word w set: token 32w + j allowed). Unpacking 262,144-token masks with tensor ops costs
 // ~30 ms at 32 rows; here a fully allowed word is one compare, and only forbidden tokens are written.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
