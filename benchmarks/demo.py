@@ -9,11 +9,12 @@ keeps decodes going. Prints the table and writes summary.json, CSVs and plots to
 
 Everything is calibrated to the machine from its latency profile (measured once, about a minute and a
 half on 2 cores, then cached; see ``benchmarks/demo_plan.py``): the SLO is the paper's strict one
-(5x this machine's one-sequence decode iteration; a looser one, said so, where no budget meets it), the
-token budget is what ``--token-budget auto`` chooses for it on the demo's requests, and the load is the
-lowest fraction of sarathi's simulated capacity with that budget at which prompts really overlap decodes
-(a prefill-first scheduler's simulated P99 TBT reaches the relaxed SLO, 25x a one-sequence decode). The
-demo prints each with its reason, and the simulator's prediction of the table, before it runs.
+(5x this machine's one-sequence decode iteration; its relaxed one, 25x, said so, where no budget meets the
+strict one), the token budget is what ``--token-budget auto`` chooses for it on the demo's requests, and the
+load is the lowest fraction of sarathi's simulated capacity with that budget at which prompts really overlap
+decodes (a prefill-first scheduler's simulated P99 TBT reaches the relaxed SLO and 5x sarathi's predicted
+mixed iteration). The demo prints each with its reason, and the simulator's prediction of the table, before
+it runs.
 
 The Figure 7 demo that ``make demo`` ran before is ``python -m benchmarks.figure7``.
 """
