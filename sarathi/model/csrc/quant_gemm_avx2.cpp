@@ -138,19 +138,24 @@ inline __m256i quad_half(const uint8_t* codes, int r, int h) {
   }
 }
 
-// 254 * (codes . x1) + codes . x2 over 4 positions per column, added to acc (int32 x 8).
+// Codes times x over 4 positions per column as int16 pair sums (VPMADDUBSW). 8-bit codes are signed: |u|
+// times x with u's sign.
 template <int BITS>
-inline __m256i dot4(__m256i acc, __m256i u, __m256i x1, __m256i x2) {
-  const __m256i fine = _mm256_set1_epi16(kFine), ones = _mm256_set1_epi16(1);
-  if constexpr (BITS == 8) {  // u holds signed codes: |u| times x with u's sign
-    const __m256i a = _mm256_abs_epi8(u);
-    x1 = _mm256_sign_epi8(x1, u), x2 = _mm256_sign_epi8(x2, u);
-    u = a;
-  }
-  const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(u, x1), fine);
-  const __m256i p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(u, x2), ones);
-  return _mm256_add_epi32(acc, _mm256_add_epi32(p1, p2));
+inline __m256i pairs(__m256i u, __m256i x) {
+  if constexpr (BITS == 8) return _mm256_maddubs_epi16(_mm256_abs_epi8(u), _mm256_sign_epi8(x, u));
+  return _mm256_maddubs_epi16(u, x);
 }
+
+// Quads whose int16 pair sums add up without overflow before they are widened to int32 (VPMADDWD): a pair
+// is at most 2 * max code * 127, so 8 quads of 4-bit codes (30,480), 4 of 5-bit (31,496), 2 of 6-bit
+// (32,004), 1 of 8-bit. Widening once per flush, not per quad, halves the multiplies per code.
+// A register the compiler must hold at this point: it keeps the sums below as running chains. Left to
+// itself, GCC reassociates an unrolled chain of integer adds into a tree and spills the unrolled terms to the
+// stack (measured 1.4x slower at one row).
+inline void hold(__m256i& v) { asm("" : "+x"(v)); }
+
+template <int BITS>
+constexpr int kQuadsPerFlush = BITS == 4 ? 8 : BITS == 5 ? 4 : BITS == 6 ? 2 : 1;
 
 inline __m256 halves8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 inline __m256 bytes8(const int8_t* p) {
@@ -193,31 +198,41 @@ void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, float* y, 
     const uint8_t* codes = tile_codes + g * bytes;
 #pragma GCC unroll 2
     for (int s = 0; s < kSubsPerGroup; ++s) {
-      __m256i dot[MR][2];
-#pragma GCC unroll 2
-      for (int i = 0; i < MR; ++i) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-      for (int t = 0; t < kQuadsPerSub; ++t) {
-        const int r = s * kQuadsPerSub + t;
-        const __m256i u0 = quad_half<BITS>(codes, r, 0), u1 = quad_half<BITS>(codes, r, 1);
-#pragma GCC unroll 2
-        for (int i = 0; i < MR; ++i) {
-          int32_t four1, four2;
-          std::memcpy(&four1, x.q1 + i * x.k + g * kGroup + 4 * r, 4);
-          std::memcpy(&four2, x.q2 + i * x.k + g * kGroup + 4 * r, 4);
-          const __m256i xb1 = _mm256_set1_epi32(four1), xb2 = _mm256_set1_epi32(four2);
-          dot[i][0] = dot4<BITS>(dot[i][0], u0, xb1, xb2);
-          dot[i][1] = dot4<BITS>(dot[i][1], u1, xb1, xb2);
-        }
-      }
       const int64_t sub = g * kSubsPerGroup + s, sup = sub / subs_per_super;
       const int64_t super_at = (tile * w.supers + sup) * kCols, sub_at = (tile * w.subs + sub) * kCols;
+      // One half at a time: the halves share no codes, and the live vectors of one half fit the 16 registers.
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
+        __m256i dot[MR], p1[MR], p2[MR];  // int32 sums; int16 pair sums of x's two terms
+#pragma GCC unroll 2
+        for (int i = 0; i < MR; ++i) dot[i] = _mm256_setzero_si256();
+        // Fully unrolled, so that r, and with it the nibble half and the flush points, are constants.
+#pragma GCC unroll 8
+        for (int t = 0; t < kQuadsPerSub; ++t) {
+          const int r = s * kQuadsPerSub + t;
+          const __m256i u = quad_half<BITS>(codes, r, h);
+          const bool opens = t % kQuadsPerFlush<BITS> == 0, closes = (t + 1) % kQuadsPerFlush<BITS> == 0;
+#pragma GCC unroll 2
+          for (int i = 0; i < MR; ++i) {
+            int32_t four1, four2;
+            std::memcpy(&four1, x.q1 + i * x.k + g * kGroup + 4 * r, 4);
+            std::memcpy(&four2, x.q2 + i * x.k + g * kGroup + 4 * r, 4);
+            const __m256i s1 = pairs<BITS>(u, _mm256_set1_epi32(four1)), s2 = pairs<BITS>(u, _mm256_set1_epi32(four2));
+            p1[i] = opens ? s1 : _mm256_add_epi16(p1[i], s1);
+            p2[i] = opens ? s2 : _mm256_add_epi16(p2[i], s2);
+            hold(p1[i]), hold(p2[i]);
+            if (closes) {  // 254 * (codes . x1) + codes . x2, widened to int32
+              const __m256i wide = _mm256_add_epi32(_mm256_madd_epi16(p1[i], _mm256_set1_epi16(kFine)),
+                                                    _mm256_madd_epi16(p2[i], _mm256_set1_epi16(1)));
+              dot[i] = _mm256_add_epi32(dot[i], wide);
+              hold(dot[i]);
+            }
+          }
+        }
         const __m256 scale = sub_scale<SC>(w, super_at, sub_at, h), shift = sub_shift<SC, MIN>(w, super_at, sub_at, h);
 #pragma GCC unroll 2
         for (int i = 0; i < MR; ++i) {
-          __m256i d = dot[i][h];
+          __m256i d = dot[i];
           if (zero != 0) d = _mm256_sub_epi32(d, _mm256_set1_epi32(zero * x.isum[i * ldsub + sub]));
           const __m256 sx = _mm256_mul_ps(scale, _mm256_set1_ps(x.dx[i * ldb + g]));
           acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sx, acc[i][h]);
