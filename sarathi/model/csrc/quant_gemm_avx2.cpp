@@ -1,10 +1,12 @@
 // quant_gemm's path for CPUs without AVX-512 BF16 and VNNI (AMD Zen 2/3, Intel before Cooper Lake), over the
 // same packed weights, read in place.
 // - Up to kInt8UpToRows rows: x in the same two int8 terms as the VNNI path (quant_layout.h). VPMADDUBSW
-//   multiplies unsigned codes by signed int8 x into int16 pair sums and VPMADDWD widens them to int32: the
-//   4-position sums VPDPBUSD makes, in two instructions. 4- to 6-bit codes (<= 63) cannot overflow the int16
-//   pairs (2 * 63 * 127); 8-bit codes are taken as signed bytes, their signs moved onto x (VPSIGNB), so pairs
-//   stay within 2 * 128 * 127. Exact integer sums until the per-sub-block float32 scaling.
+//   multiplies unsigned codes by signed int8 x into int16 pair sums; these add up in int16 over as many quads
+//   as cannot overflow (kQuadsPerFlush), then VPMADDWD widens them to int32 (with the 254 of x's first term):
+//   the 4-position sums VPDPBUSD makes. 4- to 6-bit codes (<= 63) cannot overflow one pair (2 * 63 * 127);
+//   8-bit codes are taken as signed bytes, their signs moved onto x (VPSIGNB), so pairs stay within
+//   2 * 128 * 127. Exact integer sums until the per-sub-block float32 scaling. One row reads the codes from
+//   memory near the rate of a plain sum over a large tensor only with the codes prefetched well ahead.
 // - More rows: float32 x times the codes dequantized to float32 once per chunk of a tile (exact codes and
 //   scales, each weight rounded once, as the gguf package dequantizes), a 6 x 16 FMA register tile.
 //
@@ -30,6 +32,7 @@ constexpr int kMaxRows = 2;  // rows of x per register tile (two halves each: 4 
 // (measured on a Zen3 at 1536 x 576 Q4_1 / Q8_0, 4096 x 2048 Q4_K and 2048 x 8192 Q6_K: int8 faster at 8 rows,
 // the float32 chunks at 16 or more, 1.4-2x at 80 rows).
 constexpr int kInt8UpToRows = 8;
+constexpr int64_t kPrefetchBytes = 4096;  // codes fetched ahead of the group in hand
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -112,6 +115,14 @@ QuantizedRows quantize_rows(const T* x, int64_t ldx, int64_t m, int64_t k, int64
   return {q, q + m * k, dx, isum, xsum, k, sub};
 }
 
+// Bit r of every byte of a bit plane moved to bit `to`, the others cleared. A 16-bit shift moves bits across
+// the byte boundary, but the bits the mask keeps come from their own byte (r and `to` are both below 8); with
+// r a constant (the callers' loops are unrolled) this is two instructions.
+inline __m256i plane_bit(__m256i plane, int r, int to) {
+  const __m256i moved = r > to ? _mm256_srli_epi16(plane, r - to) : r < to ? _mm256_slli_epi16(plane, to - r) : plane;
+  return _mm256_and_si256(moved, _mm256_set1_epi8(static_cast<char>(1 << to)));
+}
+
 // Half h (columns 8h..8h+7) of quad r of a group's codes: 32 bytes, byte 4c + i = code at position 4r + i.
 // 8-bit codes come back as signed bytes q - z (stored + 128); narrower ones as unsigned codes.
 template <int BITS>
@@ -123,17 +134,10 @@ inline __m256i quad_half(const uint8_t* codes, int r, int h) {
     const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * (r & 3) + 32 * h));
     const __m256i nibble = _mm256_set1_epi8(0x0F);
     __m256i q = r < 4 ? _mm256_and_si256(packed, nibble) : _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
-    const __m256i bit_r = _mm256_set1_epi8(static_cast<char>(1 << r));
-    if constexpr (BITS >= 5) {
-      const __m256i plane = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 256 + 32 * h));
-      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(plane, bit_r), bit_r);
-      q = _mm256_add_epi8(q, _mm256_and_si256(set, _mm256_set1_epi8(16)));
-    }
-    if constexpr (BITS == 6) {
-      const __m256i plane = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 320 + 32 * h));
-      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(plane, bit_r), bit_r);
-      q = _mm256_add_epi8(q, _mm256_and_si256(set, _mm256_set1_epi8(32)));
-    }
+    if constexpr (BITS >= 5)
+      q = _mm256_or_si256(q, plane_bit(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 256 + 32 * h)), r, 4));
+    if constexpr (BITS == 6)
+      q = _mm256_or_si256(q, plane_bit(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 320 + 32 * h)), r, 5));
     return q;
   }
 }
@@ -196,6 +200,7 @@ void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, float* y, 
   const uint8_t* tile_codes = w.codes + tile * w.groups * bytes;
   for (int64_t g = 0; g < w.groups; ++g) {
     const uint8_t* codes = tile_codes + g * bytes;
+    for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(codes + kPrefetchBytes + line), _MM_HINT_T0);
 #pragma GCC unroll 2
     for (int s = 0; s < kSubsPerGroup; ++s) {
       const int64_t sub = g * kSubsPerGroup + s, sup = sub / subs_per_super;
