@@ -1,8 +1,8 @@
 """GGUF-quantized weights kept in their blocks: unpacking equals the `gguf` package's dequantization, and the
 quantized kernel equals x times those exact weights, at odd shapes, batch sizes 1 / 4 (x in two int8 terms
-per 32 positions, the VNNI path; up to 32 rows for 8-bit codes) and 7 / 9 / 64 (x rounded to bf16); on the
-AVX2 path (no AVX512-BF16) up to 8 rows in int8 terms and 9 / 64 in float32; fused layers of mixed formats
-and TP slices on block boundaries."""
+per 32 positions, the VNNI path; up to 32 rows for 8-bit codes) and 7 / 9 / 17 / 33 / 64 (x rounded to bf16);
+on the AVX2 path (no AVX512-BF16) up to 32 rows (4-bit codes) or 16 rows (others) in int8 terms, more in
+float32; fused layers of mixed formats and TP slices on block boundaries."""
 
 from __future__ import annotations
 
@@ -54,9 +54,10 @@ def gguf_dequantized(t: quantized.QuantizedTensor) -> torch.Tensor:
 def takes_int8_path(qtype: str, rows: int) -> bool:
     """Whether the kernel multiplies `rows` rows of x in two int8 terms (csrc/quant_gemm.cpp's thresholds; on
     the AVX2 path, where AVX512-BF16 is missing, csrc/quant_gemm_avx2.cpp's)."""
+    bits = quantized.FORMATS[qtype].bits
     if not kernels.available():
-        return rows <= 8
-    return rows <= (32 if quantized.FORMATS[qtype].bits == 8 else 4)
+        return rows <= (32 if bits == 4 else 16)
+    return rows <= (32 if bits == 8 else 4)
 
 
 def reference_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -101,7 +102,7 @@ def test_unpacked_weights_equal_gguf_dequantization(qtype: str) -> None:
     assert (ours - ref).abs().max().item() <= tol
 
 
-@pytest.mark.parametrize("batch", [1, 4, 7, 9, 64])
+@pytest.mark.parametrize("batch", [1, 4, 7, 9, 17, 33, 64])
 @pytest.mark.parametrize("qtype", list(quantized.FORMATS))
 def test_quantized_kernel_multiplies_the_exact_weights(qtype: str, batch: int) -> None:
     rows, cols = shape_for(qtype)
