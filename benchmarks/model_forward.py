@@ -257,6 +257,8 @@ def compare_llama_cpp(
     model: str,
     ours_fns: dict[str, Callable[[], object]],
     ours_reps: dict[str, list[float]],
+    prefill_tokens: tuple[int, ...] = PREFILL_TOKENS,
+    decode_batches: tuple[int, ...] = DECODE_BATCHES,
 ) -> dict:
     """Time llama.cpp at our prefill and decode shapes on precision `name`'s GGUF file, then ours again
     (`ours_fns`, whose first reps are `ours_reps`): add its ms, ours over both halves, and ours / its, to
@@ -267,9 +269,9 @@ def compare_llama_cpp(
     ensure_llama_cpp()
     gguf = gguf_file(name, model)
     threads = torch.get_num_threads()
-    times = prefill_times(binary("llama-bench"), gguf, list(PREFILL_TOKENS), threads, reps, MAX_FOREIGN_LOAD)
+    times = prefill_times(binary("llama-bench"), gguf, list(prefill_tokens), threads, reps, MAX_FOREIGN_LOAD)
     times += decode_times(
-        binary("llama-batched-bench"), gguf, list(DECODE_BATCHES), CONTEXT, threads, reps, MAX_FOREIGN_LOAD
+        binary("llama-batched-bench"), gguf, list(decode_batches), CONTEXT, threads, reps, MAX_FOREIGN_LOAD
     )
     ours = {r["case"]: r for r in rows if r["dtype"] == name}
     print(f"llama.cpp ({llama_cpp_version()}, {gguf.name}, -t {threads}) vs ours ({name}, timed again):")
@@ -320,7 +322,20 @@ def main() -> None:
         help="the embedded SmolLM2, random weights at Llama 3.2 1B / 3B shapes, or Gemma 3 270M's packaged "
         "Q4_K_M file (bf16-math and quantized precisions only; other files are made with llama-quantize)",
     )
+    parser.add_argument(
+        "--prefill",
+        default=",".join(map(str, PREFILL_TOKENS)),
+        help="comma-separated prefill lengths (default %(default)s)",
+    )
+    parser.add_argument(
+        "--decode",
+        default=",".join(map(str, DECODE_BATCHES)),
+        help="comma-separated decode batch sizes (default %(default)s; llama.cpp prefills 512 tokens per "
+        "sequence first, so 32 sequences at a 1B shape take tens of minutes on a slow CPU)",
+    )
     args = parser.parse_args()
+    prefill_tokens = tuple(int(t) for t in args.prefill.split(","))
+    decode_batches = tuple(int(b) for b in args.decode.split(","))
     names = args.precisions.split(",")
     if args.model != "smollm2":
         args.no_hf = True
@@ -367,11 +382,11 @@ def main() -> None:
             hf.eval()
         cases = [
             (f"prefill T={t}", ours_prefill(model, arch, dtype, t), hf and hf_prefill(hf, arch, t), t)
-            for t in PREFILL_TOKENS
+            for t in prefill_tokens
         ]
         cases += [
             (f"decode B={b}", ours_decode(model, arch, dtype, b), hf and hf_decode(hf, arch, compute, b), b)
-            for b in DECODE_BATCHES
+            for b in decode_batches
         ]
         cases.append(
             (
@@ -406,9 +421,18 @@ def main() -> None:
             rows.append(row)
             print(line, flush=True)
         if args.llama_cpp and (name == "bf16-math" or quantized):  # while our model is loaded
-            llama_cpp[name] = compare_llama_cpp(rows, reps, name, args.model, ours_fns, ours_reps)
+            llama_cpp[name] = compare_llama_cpp(
+                rows, reps, name, args.model, ours_fns, ours_reps, prefill_tokens, decode_batches
+            )
         del model, hf
-    settings = {"model": args.model, "reps": reps, "block_size": BLOCK_SIZE, "decode_context": CONTEXT}
+    settings = {
+        "model": args.model,
+        "reps": reps,
+        "block_size": BLOCK_SIZE,
+        "decode_context": CONTEXT,
+        "prefill_tokens": list(prefill_tokens),
+        "decode_batches": list(decode_batches),
+    }
     settings["rates"] = rates
     if llama_cpp:
         settings["llama_cpp"] = llama_cpp

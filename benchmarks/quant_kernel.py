@@ -1,9 +1,10 @@
 """The quantized GEMM kernel alone: one linear layer's product, timed in a loop, against the dense path.
 
 For each GGUF format and each number of rows of x, the median time of one call, cycling over copies of the
-weight that together exceed the last-level cache twice (one weight of these shapes fits a 32 MiB L3), the quantized bytes read per second, and the ratio to the dense kernel on the same shape: our bf16
-GEMM where AVX512-BF16 exists, PyTorch's float32 linear elsewhere (the AVX2 build). Few rows take the
-int8-activation path (VPDPBUSD, or VPMADDUBSW on AVX2), more rows the dequantized-tile one.
+weight that together exceed any last-level cache (one weight of these shapes fits a 32 MiB L3), the quantized
+bytes read per second, and the ratio to the dense kernel on the same shape: our bf16 GEMM where AVX512-BF16
+exists, PyTorch's float32 linear elsewhere (the AVX2 build). Few rows take the int8-activation path
+(VPDPBUSD, or VPMADDUBSW on AVX2), more rows the dequantized-tile one.
 Shapes are Llama 3.2 1B's (`--shape`): the MLP's up projection (8,192 x 2,048), its down projection
 (2,048 x 8,192) and the tied LM head (128,256 x 2,048). Random codes; results saved with the machine:
 
@@ -77,7 +78,7 @@ def main() -> int:
     if not kernels.portable_available():
         print("sarathi's CPU kernels do not run here", file=sys.stderr)
         return 1
-    # Without AVX512-BF16 the dense path is PyTorch's float32 linear: the quantized kernel is compared with it.
+    # Without AVX512-BF16 the dense path is PyTorch's float32 linear: the quantized kernel is compared to it.
     dense_name = "bf16" if kernels.available() else "fp32"
     rows_list = [int(r) for r in args.rows.split(",")]
     results = []
@@ -93,6 +94,7 @@ def main() -> int:
 
             def dense(x: torch.Tensor, w=dense_weight) -> torch.Tensor:
                 return torch.nn.functional.linear(x, w)
+
         repeats = max(3, args.repeats // 8) if shape == "lm_head" else args.repeats
         dense_s = {}
         for m in rows_list:
@@ -104,7 +106,11 @@ def main() -> int:
             for m in rows_list:
                 x = torch.randn(m, k)
                 out = torch.empty(m, n)
-                s = median_seconds(lambda x=x, out=out: kernels.quant_gemm(x, next(ring), out), repeats)
+
+                def call(x=x, out=out, ring=ring) -> None:
+                    kernels.quant_gemm(x, next(ring), out)
+
+                s = median_seconds(call, repeats)
                 row = {
                     "shape": shape,
                     "n": n,
