@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -97,6 +100,24 @@ def test_a_max_model_len_the_kv_cache_cannot_hold_is_refused_at_startup():
     message = str(e.value)
     assert "max_model_len 8192 does not fit the KV cache, which holds 1024 tokens" in message
     assert "--num-kv-blocks" in message
+
+
+def test_a_port_in_use_is_refused_before_the_model_loads():
+    """The server binds its port before it starts the engine core and workers (whose own sockets could
+    otherwise take a port picked free): a taken port fails at once, naming it."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "sarathi", "serve", "--host", "127.0.0.1", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "loading" not in done.stdout
 
 
 def test_engine_core_death_fails_health_and_in_flight_requests(one_seq_server):

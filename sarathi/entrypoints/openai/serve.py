@@ -134,8 +134,14 @@ async def _serve(
     from sarathi.entrypoints.openai.api_server import ServerState, create_app
     from sarathi.entrypoints.openai.constraint_checker import ConstraintChecker
     from sarathi.entrypoints.openai.server_metrics import ServerMetrics
+    from sarathi.net import bind_listener
     from sarathi.tokenizer import Tokenizer
 
+    try:  # the port first: the engine core and workers open sockets of their own while they start
+        listener = bind_listener(args.host, args.port)
+    except OSError as e:
+        raise RuntimeError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
+    port = listener.getsockname()[1]
     name = served_model_name(config.model.model, args.served_model_name)
     print(f"sarathi serve: loading {name} ...", flush=True)
     client = EngineCoreClient(config, build_engine, args.max_waiting, args.restart_engine_on_failure)
@@ -165,7 +171,7 @@ async def _serve(
             uvicorn.Config(
                 app,
                 host=args.host,
-                port=args.port,
+                port=port,
                 log_level=args.log_level,
                 timeout_graceful_shutdown=args.shutdown_timeout,
                 access_log=args.log_level == "debug",
@@ -173,9 +179,10 @@ async def _serve(
         )
         effective = state.effective_config(policy.api_key is not None)
         print(f"sarathi serve: effective config {json.dumps(effective, default=str)}", flush=True)
-        print(f"sarathi serve: listening on http://{args.host}:{args.port}", flush=True)
-        await server.serve()
+        print(f"sarathi serve: listening on http://{args.host}:{port}", flush=True)
+        await server.serve(sockets=[listener])
     finally:
+        listener.close()
         with contextlib.suppress(Exception):
             await client.shutdown()
     return 0
