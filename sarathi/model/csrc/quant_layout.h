@@ -14,7 +14,7 @@ constexpr int kGroup = 32;          // input positions per code group
 constexpr int kQuads = kGroup / 4;  // 4-position quads per group
 constexpr int kFine = 254;          // steps of x's second int8 term per step of its first
 
-inline int group_bytes(int bits) { return bits == 8 ? 512 : 256 + (bits - 4) * 64; }
+constexpr int group_bytes(int bits) { return bits == 8 ? 512 : 256 + (bits - 4) * 64; }
 
 // Sub-blocks per scale d: k-quants' 256-weight super-blocks, or one (a compile-time constant: a division per
 // sub-block in the inner loops cost a quarter of the one-row time).
