@@ -2,8 +2,8 @@
 
 For each GGUF format and each number of rows of x, the median time of one call, cycling over copies of the
 weight that together exceed any last-level cache (one weight of these shapes fits a 32 MiB L3), the quantized
-bytes read per second (beside it, the same call on one weight again and again, in cache: far above the
-memory's rate means the loop waits on memory, near it that its own work bounds it), and the ratio to the
+bytes read per second (beside it, the same call on one weight again and again, in cache where it fits, not
+the LM head's: far above the memory's rate means the loop waits on memory), and the ratio to the
 dense kernel on the same shape: our bf16 GEMM where AVX512-BF16 exists, PyTorch's float32 linear elsewhere
 (the AVX2 build). Few rows take the int8-activation path
 (VPDPBUSD, or VPMADDUBSW on AVX2), more rows the dequantized-tile one.
