@@ -52,17 +52,9 @@ constexpr int kVnniMaxRows = 4;    // rows of x per register tile of the int8 (V
 constexpr int kVnniUpToRows = 4;   // rows up to which it runs (more: the bf16 path is faster) ...
 constexpr int kVnniUpToRows8 = 32;  // ... but for 8-bit codes, which it reads without decoding
 // How far ahead of its reads each path prefetches a tile's codes. Without it one row of Q6_K streamed at 19 GB/s
-// and Q8_0 at 30 GB/s from memory on a Zen5 (hot in cache: 90-120 GB/s, so the loop waited on memory);
-// with it 35-45 GB/s. 1, 2, 4 and 8 KiB were within that machine's noise.
-constexpr int kPrefetchBytes = 2048;
-
-// The cache lines of the group of `bytes` codes kPrefetchBytes past `codes` (a prefetch never faults, so past
-// the weight's end is harmless).
-inline void prefetch_group(const uint8_t* codes, int bytes) {
-  const char* p = reinterpret_cast<const char*>(codes) + kPrefetchBytes;
-#pragma GCC unroll 8
-  for (int l = 0; l < bytes / 64; ++l) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
-}
+// and Q8_0 at 30 GB/s from memory on a Zen5 (in cache: 65-180 GB/s, so the loop waited on memory); with it
+// 34-44 GB/s. 1, 2, 4 and 8 KiB were within that machine's noise.
+constexpr int64_t kPrefetchBytes = 2048;
 
 // Quad r of a group's codes: 64 unsigned bytes, byte 4c + i = code of column c at position 4r + i.
 template <int BITS>
@@ -253,7 +245,7 @@ void run(const int32_t* x, int64_t m, int64_t k, const float* xsum, const Weight
         for (int j = 0; j < nb; ++j)
           for (int g = 0; g < ng; ++g) {
             const uint8_t* codes = w.codes + ((tile0 + j) * w.groups + g0 + g) * bytes;
-            prefetch_group(codes, static_cast<int>(bytes));
+            prefetch_codes(codes, bytes, kPrefetchBytes);
             decode_group<BITS>(codes, scratch + j * tile_stride + g * kPairs * 32, lut_values);
           }
         for (int64_t r = 0; r < m; r += kMaxRows) {
@@ -329,7 +321,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
                                                                         int64_t cols) {
   constexpr int kSubsPerGroup = kGroup / SUB, kQuadsPerSub = SUB / 4;
   constexpr int64_t subs_per_super = kSubsPerSuper<SUB, SC>;
-  const int64_t bytes = group_bytes(BITS), ldb = x.k / kGroup;
+  constexpr int64_t bytes = group_bytes(BITS);
+  const int64_t ldb = x.k / kGroup;
   const int32_t zero = BITS == 8 ? 128 : w.zero;
   __mmask16 mask[NB];
   for (int j = 0; j < NB; ++j) {
@@ -341,7 +334,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
-  constexpr int64_t kAheadGroups = kPrefetchBytes / group_bytes(BITS);
+  constexpr int64_t kAheadGroups = kPrefetchBytes / bytes;
   for (int64_t g = 0; g < w.groups; ++g) {
     {  // the scales of the group kPrefetchBytes of codes ahead (Q4_K's 4 scale streams: ~10% faster one row)
       const int64_t sub = (g + kAheadGroups) * kSubsPerGroup, sup = sub / subs_per_super;
@@ -360,7 +353,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) {
       codes[j] = w.codes + ((tile0 + j) * w.groups + g) * bytes;
-      prefetch_group(codes[j], group_bytes(BITS));
+      prefetch_codes(codes[j], bytes, kPrefetchBytes);
     }
 #pragma GCC unroll 2
     for (int s = 0; s < kSubsPerGroup; ++s) {

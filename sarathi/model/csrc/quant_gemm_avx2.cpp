@@ -201,7 +201,7 @@ void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, float* y, 
   const uint8_t* tile_codes = w.codes + tile * w.groups * bytes;
   for (int64_t g = 0; g < w.groups; ++g) {
     const uint8_t* codes = tile_codes + g * bytes;
-    for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(codes + kPrefetchBytes + line), _MM_HINT_T0);
+    prefetch_codes(codes, bytes, kPrefetchBytes);
 #pragma GCC unroll 2
     for (int s = 0; s < kSubsPerGroup; ++s) {
       const int64_t sub = g * kSubsPerGroup + s, sup = sub / subs_per_super;

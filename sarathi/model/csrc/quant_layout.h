@@ -5,6 +5,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <immintrin.h>
+
 #include <cstdint>
 
 namespace sarathi_kernels {
@@ -15,6 +17,14 @@ constexpr int kQuads = kGroup / 4;  // 4-position quads per group
 constexpr int kFine = 254;          // steps of x's second int8 term per step of its first
 
 constexpr int group_bytes(int bits) { return bits == 8 ? 512 : 256 + (bits - 4) * 64; }
+
+// Prefetches the cache lines of the `bytes` codes that lie `ahead` bytes past `codes` (a prefetch never
+// faults, so past the weight's end is harmless).
+inline void prefetch_codes(const uint8_t* codes, int64_t bytes, int64_t ahead) {
+  const char* p = reinterpret_cast<const char*>(codes) + ahead;
+#pragma GCC unroll 8
+  for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
+}
 
 // Sub-blocks per scale d: k-quants' 256-weight super-blocks, or one (a compile-time constant: a division per
 // sub-block in the inner loops cost a quarter of the one-row time).
