@@ -14,6 +14,11 @@ HF decode uses a DynamicCache pre-filled with random K/V of the same length, cro
 Floors, measured in the same run: bytes floor = bytes read (weights, plus K/V for decodes) / measured read
 bandwidth (the faster of summing a 512 MiB fp32 or bf16 tensor); compute floor = FLOPs / measured matmul rate
 in the compute dtype (a 2048^3 GEMM; bf16 through our kernel where it runs); a case's floor is the larger.
+The read bandwidth is measured again right before each repetition of a case, and the ratio to the floor is the
+median over repetitions of (its time / the floor at the bandwidth measured just before it); the floor printed
+is at the median of those bandwidths. This shared machine's memory rate moves by tens of percent within
+minutes (45 to 72 GB/s on a Zen5): against one measurement at the start, the same code's ratio went from
+1.0x to 1.6x between runs.
 
 Each number is the median of REPS repetitions; a repetition is repeated (up to 5 tries) when other processes
 used more than 8% of the machine during it (this machine's cores are shared), and the worst foreign load
@@ -28,6 +33,7 @@ Run: .venv/bin/python -m benchmarks.model_forward [--quick] [--no-hf] [--llama-c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import time
@@ -71,13 +77,18 @@ def timed(fn: Callable[[], object], reps: int) -> tuple[float, float]:
     return statistics.median(per_call), worst
 
 
-def timed_reps(fn: Callable[[], object], reps: int) -> tuple[list[float], float]:
-    """(seconds per call of each of `reps` guarded reps, worst foreign load of the accepted ones)."""
+def timed_reps(
+    fn: Callable[[], object], reps: int, before_each: Callable[[], object] | None = None
+) -> tuple[list[float], float]:
+    """(seconds per call of each of `reps` guarded reps, worst foreign load of the accepted ones);
+    `before_each` runs before each rep, untimed."""
     fn()  # warm-up: oneDNN builds its kernels for a new shape on first use
     calls = max(1, int(MIN_REP_SECONDS / max(_once(fn), 1e-4)))
     per_call, worst = [], 0.0
     ncpu = os.cpu_count() or 1
     for _ in range(reps):
+        if before_each is not None:
+            before_each()
         for _attempt in range(5):
             busy0, own0, t0 = busy_seconds(), own_seconds(), time.perf_counter()
             for _ in range(calls):
@@ -97,18 +108,22 @@ def _once(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
-def machine_rates() -> dict[str, float]:
-    """Read bandwidth (bytes/s) and matmul rates (FLOP/s) in fp32 and bf16, measured now."""
-    from sarathi.model import kernels
-
-    rates = {}
+def read_rate() -> float:
+    """Read bandwidth now (bytes/s): the faster of summing a 512 MiB fp32 or bf16 tensor."""
     best = 0.0
     for dtype in (torch.float32, torch.bfloat16):
         x = torch.ones(512 * 2**20 // torch.empty((), dtype=dtype).element_size(), dtype=dtype)
         seconds, _ = timed(lambda x=x: x.sum(), 3)
         best = max(best, x.numel() * x.element_size() / seconds)
         del x
-    rates["read_bytes_per_s"] = best
+    return best
+
+
+def machine_rates() -> dict[str, float]:
+    """Read bandwidth (bytes/s) and matmul rates (FLOP/s) in fp32 and bf16, measured now."""
+    from sarathi.model import kernels
+
+    rates = {"read_bytes_per_s": read_rate()}
     n = 2048
     a, b = torch.randn(n, n), torch.randn(n, n)
     fp32 = 2 * n**3 / timed(lambda: a @ b, 3)[0]
@@ -129,11 +144,39 @@ def machine_rates() -> dict[str, float]:
     return rates
 
 
-def floor_seconds(
+@dataclasses.dataclass
+class Floor:
+    """What bounds one case from below: the bytes it reads and the seconds its FLOPs take at the measured
+    matmul rate; `reads` are the read bandwidths (bytes/s) measured right before each repetition."""
+
+    bytes: int
+    compute_seconds: float
+    reads: list[float] = dataclasses.field(default_factory=list)
+
+    def seconds_at(self, read_bytes_per_s: float) -> float:
+        return max(self.bytes / read_bytes_per_s, self.compute_seconds)
+
+    def read_rate(self) -> float:
+        return statistics.median(self.reads)
+
+    def seconds(self) -> float:
+        """The floor at the median read bandwidth measured beside the case."""
+        return self.seconds_at(self.read_rate())
+
+    def ratio(self, rep_seconds: list[float]) -> float:
+        """Median over repetitions of (its time / the floor at the bandwidth measured just before it)."""
+        return statistics.median(t / self.seconds_at(r) for t, r in zip(rep_seconds, self.reads, strict=True))
+
+    def timed(self, fn: Callable[[], object], reps: int) -> tuple[list[float], float]:
+        """timed_reps(fn, reps), measuring the read bandwidth before each repetition."""
+        return timed_reps(fn, reps, before_each=lambda: self.reads.append(read_rate()))
+
+
+def case_floor(
     arch, dtype, compute, case: str, tokens: int, rates: dict[str, float], linear_bytes: int | None = None
-) -> float:
-    """The larger of the bytes floor and the compute floor of one case (see the module docstring);
-    `linear_bytes` replaces the linear layers' weight bytes (a quantized model's)."""
+) -> Floor:
+    """The bytes floor and the compute floor of one case (see the module docstring), the read bandwidths
+    still to be measured; `linear_bytes` replaces the linear layers' weight bytes (a quantized model's)."""
     h, hd, layers = arch.hidden_size, arch.head_dim, arch.num_hidden_layers
     heads, kv_heads = arch.num_attention_heads, arch.num_key_value_heads
     per_layer = h * (heads + 2 * kv_heads) * hd + heads * hd * h + 3 * h * arch.intermediate_size
@@ -153,7 +196,7 @@ def floor_seconds(
     keys_seen = decodes * CONTEXT + chunk * (chunk_start + chunk / 2)
     flops += 4 * keys_seen * heads * hd * layers
     rate = rates["bfloat16_flops" if compute == torch.bfloat16 else "float32_flops"]
-    return max((weight_bytes + kv_bytes) / rates["read_bytes_per_s"], flops / rate)
+    return Floor(weight_bytes + kv_bytes, flops / rate)
 
 
 def ours_prefill(model, arch, dtype, tokens: int) -> Callable[[], object]:
@@ -257,12 +300,14 @@ def compare_llama_cpp(
     model: str,
     ours_fns: dict[str, Callable[[], object]],
     ours_reps: dict[str, list[float]],
+    floors: dict[str, Floor],
     prefill_tokens: tuple[int, ...] = PREFILL_TOKENS,
     decode_batches: tuple[int, ...] = DECODE_BATCHES,
 ) -> dict:
     """Time llama.cpp at our prefill and decode shapes on precision `name`'s GGUF file, then ours again
-    (`ours_fns`, whose first reps are `ours_reps`): add its ms, ours over both halves, and ours / its, to
-    that precision's rows; returns what was run, for the record."""
+    (`ours_fns`, whose first reps are `ours_reps`; `floors` see the read bandwidth beside that timing too):
+    add its ms, ours over both halves, and ours / its, to that precision's rows; returns what was run, for
+    the record."""
     from benchmarks.llama_cpp_build import binary, build_info, ensure_llama_cpp, llama_cpp_version
     from benchmarks.llama_cpp_kernels import decode_times, prefill_times
 
@@ -276,8 +321,8 @@ def compare_llama_cpp(
     ours = {r["case"]: r for r in rows if r["dtype"] == name}
     print(f"llama.cpp ({llama_cpp_version()}, {gguf.name}, -t {threads}) vs ours ({name}, timed again):")
     for t in times:
-        row = ours[t.case]
-        after, after_load = timed_reps(ours_fns[t.case], reps)
+        row, floor = ours[t.case], floors[t.case]
+        after, after_load = floor.timed(ours_fns[t.case], reps)
         both = ours_reps[t.case] + after
         row |= {
             "ours_ms_before": statistics.median(ours_reps[t.case]) * 1e3,
@@ -285,14 +330,15 @@ def compare_llama_cpp(
             "ours_ms": statistics.median(both) * 1e3,
             "ours_foreign_load": max(row["ours_foreign_load"], after_load),
         }
-        row["x_floor"] = row["ours_ms"] / row["floor_ms"]
+        row |= {"floor_ms": floor.seconds() * 1e3, "read_gb_per_s": floor.read_rate() / 1e9}
+        row["x_floor"] = floor.ratio(both)
         row |= {"llama_cpp_ms": t.ms, "llama_cpp_foreign_load": t.foreign_load}
         row["x_llama_cpp"] = row["ours_ms"] / t.ms
         print(
             f"  {t.case:14s} llama.cpp {t.ms:8.1f} ms [{t.foreign_load:.0%}]  ours {row['ours_ms']:8.1f} ms"
             f" (before {row['ours_ms_before']:.1f}, after {row['ours_ms_after']:.1f})"
             f"  ours/llama.cpp {row['x_llama_cpp']:4.2f}x  floor {row['floor_ms']:6.1f} ms"
-            f" (llama.cpp {t.ms / row['floor_ms']:4.1f}x)"
+            f" (ours {row['x_floor']:4.2f}x, llama.cpp {t.ms / row['floor_ms']:4.2f}x)"
         )
     return {
         "version": llama_cpp_version(),
@@ -398,21 +444,28 @@ def main() -> None:
         )
         ours_fns = {label: ours_fn for label, ours_fn, _, _ in cases}
         ours_reps: dict[str, list[float]] = {}
+        floors: dict[str, Floor] = {}
         for label, ours_fn, hf_fn, tokens in cases:
-            ours_reps[label], ours_load = timed_reps(ours_fn, reps)
-            ours_s = statistics.median(ours_reps[label])
-            floor = floor_seconds(arch, dtype, compute, label, tokens, rates, linear_bytes)
+            floor = floors[label] = case_floor(arch, dtype, compute, label, tokens, rates, linear_bytes)
+            ours_reps[label], ours_load = floor.timed(ours_fn, reps)
+            ours_s, floor_s, x_floor = (
+                statistics.median(ours_reps[label]),
+                floor.seconds(),
+                floor.ratio(ours_reps[label]),
+            )
             row = {
                 "dtype": name,
                 "case": label,
                 "ours_ms": ours_s * 1e3,
                 "ours_foreign_load": ours_load,
-                "floor_ms": floor * 1e3,
-                "x_floor": ours_s / floor,
+                "floor_ms": floor_s * 1e3,
+                "x_floor": x_floor,
+                "read_gb_per_s": floor.read_rate() / 1e9,
             }
             line = (
                 f"{name:10s} {label:14s} ours {ours_s * 1e3:8.1f} ms ({tokens / ours_s:7.0f} tok/s) "
-                f"[{ours_load:.0%}]  floor {floor * 1e3:6.1f} ms ({ours_s / floor:4.1f}x)"
+                f"[{ours_load:.0%}]  floor {floor_s * 1e3:6.1f} ms ({x_floor:4.2f}x; "
+                f"read {floor.read_rate() / 1e9:.1f} GB/s)"
             )
             if hf_fn is not None:
                 hf_s, hf_load = timed(hf_fn, reps)
@@ -422,7 +475,7 @@ def main() -> None:
             print(line, flush=True)
         if args.llama_cpp and (name == "bf16-math" or quantized):  # while our model is loaded
             llama_cpp[name] = compare_llama_cpp(
-                rows, reps, name, args.model, ours_fns, ours_reps, prefill_tokens, decode_batches
+                rows, reps, name, args.model, ours_fns, ours_reps, floors, prefill_tokens, decode_batches
             )
         del model, hf
     settings = {
