@@ -24,8 +24,11 @@ namespace {
 // Keys per span: a multiple of every usual block size; at 512 keys, SmolLM2's 3 kv heads make 12 tasks.
 constexpr int64_t kChunkKeys = 128;
 
-// Blocks sit anywhere in the cache, too short for the hardware prefetcher to find each one in time, so the
-// block kPrefetchAhead places ahead is prefetched while this one is read.
+// Blocks sit anywhere in the cache, too short for the hardware prefetcher to find each one in time. So each pass
+// first prefetches all its span's blocks to L2 (and those of the tensor the next pass reads: a span's keys
+// and values fit there), then, while a block is read, prefetches the block kPrefetchAhead places ahead on to
+// L1. With the L1 prefetch alone, at 8 and 32 sequences of 512 keys (Llama 3.2 1B's heads, Zen5) the cache was
+// read at ~11 GB/s; with both at ~18.
 constexpr int64_t kPrefetchAhead = 4;
 
 // Calls f(j - first, row) for each key first <= j < context, row pointing at its head_dim values in this
@@ -35,17 +38,19 @@ inline void for_each_key(const T* head, const T* next_head, const int64_t* table
                          int64_t block_size, int64_t d, F&& f) {
   const int64_t blocks = (context + block_size - 1) / block_size, first_block = first / block_size;
   const int64_t block_bytes = block_size * d * static_cast<int64_t>(sizeof(T));
-  auto prefetch = [&](int64_t blk) {
-    const char* p = reinterpret_cast<const char*>(head + table[blk] * block_size * d);
-    for (int64_t off = 0; off < block_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
-    if (next_head) {  // the block the next pass reads, into L2 (a context's values fit there)
-      const char* n = reinterpret_cast<const char*>(next_head + table[blk] * block_size * d);
-      for (int64_t off = 0; off < block_bytes; off += 64) _mm_prefetch(n + off, _MM_HINT_T1);
-    }
+  auto prefetch = [&](const T* tensor, int64_t blk, int hint) {
+    const char* p = reinterpret_cast<const char*>(tensor + table[blk] * block_size * d);
+    for (int64_t off = 0; off < block_bytes; off += 64)
+      hint == _MM_HINT_T0 ? _mm_prefetch(p + off, _MM_HINT_T0) : _mm_prefetch(p + off, _MM_HINT_T1);
   };
-  for (int64_t blk = first_block; blk < std::min(blocks, first_block + kPrefetchAhead); ++blk) prefetch(blk);
   for (int64_t blk = first_block; blk < blocks; ++blk) {
-    if (blk + kPrefetchAhead < blocks) prefetch(blk + kPrefetchAhead);
+    prefetch(head, blk, _MM_HINT_T1);
+    if (next_head) prefetch(next_head, blk, _MM_HINT_T1);
+  }
+  for (int64_t blk = first_block; blk < std::min(blocks, first_block + kPrefetchAhead); ++blk)
+    prefetch(head, blk, _MM_HINT_T0);
+  for (int64_t blk = first_block; blk < blocks; ++blk) {
+    if (blk + kPrefetchAhead < blocks) prefetch(head, blk + kPrefetchAhead, _MM_HINT_T0);
     const int64_t start = std::max(first, blk * block_size), end = std::min(context, (blk + 1) * block_size);
     const T* row = head + (table[blk] * block_size + start - blk * block_size) * d;
     for (int64_t j = start; j < end; ++j, row += d) f(j - first, row);
