@@ -148,6 +148,12 @@ def quant_gemm(x: torch.Tensor, w: PackedQuant, out: torch.Tensor) -> None:
     torch.ops.sarathi_kernels.quant_gemm(x, w.codes, w.d, w.sc, w.dm, w.mc, w.bits, w.sub, w.zero, out)
 
 
+def quant_int8_rows(bits: int) -> int:
+    """Rows of x up to which `quant_gemm` multiplies x in two int8 terms on this CPU, for `bits`-bit codes
+    (more rows: x rounded to bf16, or float32 on the AVX2 path)."""
+    return torch.ops.sarathi_kernels.quant_int8_rows(bits)
+
+
 def quant_linear(x: torch.Tensor, w: PackedQuant) -> torch.Tensor:
     """`quant_gemm` into a new float32 [M, w.rows] output."""
     return torch.ops.sarathi_kernels.quant_linear(

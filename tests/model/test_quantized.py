@@ -1,8 +1,8 @@
 """GGUF-quantized weights kept in their blocks: unpacking equals the `gguf` package's dequantization, and the
-quantized kernel equals x times those exact weights, at odd shapes, batch sizes 1 / 4 (x in two int8 terms
-per 32 positions, the VNNI path; up to 32 rows for 8-bit codes) and 7 / 9 / 17 / 33 / 64 (x rounded to bf16);
-on the AVX2 path (no AVX512-BF16) up to 32 rows (4-bit codes) or 16 rows (others) in int8 terms, more in
-float32; fused layers of mixed formats and TP slices on block boundaries."""
+quantized kernel equals x times those exact weights, at odd shapes, batch sizes 1 / 4 / 7 / 9 / 17 / 33 / 64:
+up to the kernel's threshold for the code width on this CPU (`kernels.quant_int8_rows`: 4 to 32) x in two int8
+terms per 32 positions (the VNNI path, or VPMADDUBSW on the AVX2 path), more rows x rounded to bf16 (float32 on
+the AVX2 path); fused layers of mixed formats and TP slices on block boundaries."""
 
 from __future__ import annotations
 
@@ -52,12 +52,19 @@ def gguf_dequantized(t: quantized.QuantizedTensor) -> torch.Tensor:
 
 
 def takes_int8_path(qtype: str, rows: int) -> bool:
-    """Whether the kernel multiplies `rows` rows of x in two int8 terms (csrc/quant_gemm.cpp's thresholds; on
-    the AVX2 path, where AVX512-BF16 is missing, csrc/quant_gemm_avx2.cpp's)."""
-    bits = quantized.FORMATS[qtype].bits
-    if not kernels.available():
-        return rows <= (32 if bits == 4 else 16)
-    return rows <= (32 if bits == 8 else 4)
+    """Whether the kernel multiplies `rows` rows of x in two int8 terms on this CPU (the thresholds of
+    csrc/quant_gemm.cpp, by code width and CPU kind; on the AVX2 path csrc/quant_gemm_avx2.cpp's)."""
+    return rows <= kernels.quant_int8_rows(quantized.FORMATS[qtype].bits)
+
+
+def test_int8_row_thresholds() -> None:
+    """8-bit codes take the int8 path up to 32 rows on every CPU; the other widths at least up to 4 rows
+    (one-sequence decode) and at most 32."""
+    assert kernels.quant_int8_rows(8) == (32 if kernels.available() else 16)
+    for bits in (4, 5, 6):
+        assert 4 <= kernels.quant_int8_rows(bits) <= 32
+    with pytest.raises(RuntimeError, match="unsupported code width"):
+        kernels.quant_int8_rows(3)
 
 
 def reference_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

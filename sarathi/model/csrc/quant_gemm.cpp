@@ -7,7 +7,7 @@
 // sub-block, k-quants only). The scales are applied once per sub-block:
 //     sum_k w x = s * sum_k (q - z) x + m * sum_k x.
 // Two paths multiply the codes, both over exactly the file's values:
-// - a few rows of x (M <= kVnniMaxRows: decode, one sequence or a few): x, as given (float32 or bf16, read in
+// - a few rows of x (M <= vnni_up_to_rows(bits), 4 to 32 by code width and CPU: decode): x, as given (float32 or bf16, read in
 //   place, quantized into a per-thread buffer), is split into two int8 terms per 32 positions (QuantizedRows: 16 bits of resolution, where one int8 term is too coarse for our contract),
 //   and VPDPBUSD sums 4 code x int8 products per lane in int32, twice; one conversion to float32 per
 //   sub-block. This reads the weight once at near the memory's speed (codes are never widened past bytes).
@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cpuid.h>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -49,8 +50,6 @@ constexpr int kChunkGroups = 8;    // groups decoded at a time per tile into the
 constexpr int kMaxRows = 4;        // rows of x per register tile (measured on a Zen4 against 6 x 1, 6 x 2, 2 x 4)
 constexpr int kMaxTiles = 2;       // tiles of 16 columns per register tile: 4 x 2 x 2 accumulators
 constexpr int kVnniMaxRows = 4;    // rows of x per register tile of the int8 (VPDPBUSD) path
-constexpr int kVnniUpToRows = 4;   // rows up to which it runs (more: the bf16 path is faster) ...
-constexpr int kVnniUpToRows8 = 32;  // ... but for 8-bit codes, which it reads without decoding
 // How far ahead of its reads each path prefetches a tile's codes. Without it one row of Q6_K streamed at 19 GB/s
 // and Q8_0 at 30 GB/s from memory on a Zen5 (in cache: 65-180 GB/s, so the loop waited on memory); with it
 // 34-44 GB/s. 1, 2, 4 and 8 KiB were within that machine's noise.
@@ -451,6 +450,26 @@ void run_vnni(const QuantizedRows& x, int64_t m, const Weight& w, float* y, int6
   });
 }
 
+// Whether this is an AMD Zen5 or later (family 0x1A+), whose 512-bit units are full width.
+bool amd_zen5_or_later() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx) || ebx != 0x68747541) return false;  // "Auth"enticAMD
+  __get_cpuid(1, &eax, &ebx, &ecx, &edx);
+  const unsigned base = (eax >> 8) & 0xF, family = base == 0xF ? base + ((eax >> 20) & 0xFF) : base;
+  return family >= 0x1A;
+}
+
+// Rows of x up to which the int8 (VPDPBUSD) path runs, by code width; more rows take the bf16 path. Both paths
+// timed on the same weights (8,192 x 2,048 from memory, 5 to 64 rows): 8-bit codes, read without decoding, up
+// to 32 everywhere. 4- and 5-bit codes up to 32 on a Zen5 (0.65-0.99x the bf16 path's time at 5-32 rows,
+// 0.86-1.05x at 64), 4 elsewhere (on a Zen4 the bf16 path was the faster above 4 rows). 6-bit codes 4 (on a
+// Zen5 the int8 path took 1.08x the bf16 path's time at 8 rows, 1.44x at 32: two more bit planes per quad).
+int64_t vnni_up_to_rows(int64_t bits) {
+  static const bool wide_units = amd_zen5_or_later();
+  if (bits == 8) return 32;
+  return bits == 6 || !wide_units ? 4 : 32;
+}
+
 const uint16_t* half_ptr(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>()); }
 
 }  // namespace
@@ -501,7 +520,7 @@ void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tenso
     quant_gemm_avx2(x_in, w, key, sub, yp, ldy, n);
     return;
   }
-  if (m <= (bits == 8 ? kVnniUpToRows8 : kVnniUpToRows)) {
+  if (m <= vnni_up_to_rows(bits)) {
     const bool rows_in_place = x_in.stride(1) == 1 && (x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16);
     const at::Tensor xc = rows_in_place ? x_in : x_in.to(at::kFloat).contiguous();
     const QuantizedRows xr = xc.scalar_type() == at::kFloat
@@ -539,8 +558,16 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::
 // F16C): quant_gemm, quant_linear, quant_rows, rms_norm_f32, decode_attention and rope_write_kv.
 bool cpu_portable_supported() { return cpu_supported() || cpu_supports_avx2(); }
 
+// Rows of x up to which quant_gemm multiplies x in two int8 terms on this CPU (more rows: bf16 x on the
+// AVX-512 path, float32 x on the AVX2 path), for codes of `bits` bits.
+int64_t quant_int8_rows(int64_t bits) {
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "quant_int8_rows: unsupported code width ", bits);
+  return cpu_supported() ? vnni_up_to_rows(bits) : int8_up_to_rows_avx2(bits);
+}
+
 TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
   lib.def("cpu_portable_supported() -> bool", &cpu_portable_supported);
+  lib.def("quant_int8_rows(int bits) -> int", &quant_int8_rows);
   lib.def("quant_linear(Tensor x, Tensor codes, Tensor d, Tensor sc, Tensor dm, Tensor mc, int bits, int sub, int zero, "
           "int n) -> Tensor",
           &quant_linear);

@@ -1,6 +1,6 @@
 // quant_gemm's path for CPUs without AVX-512 BF16 and VNNI (AMD Zen 2/3, Intel before Cooper Lake), over the
 // same packed weights, read in place.
-// - Up to int8_up_to_rows(bits) rows: x in the same two int8 terms as the VNNI path (quant_layout.h). VPMADDUBSW
+// - Up to int8_up_to_rows_avx2(bits) rows: x in the same two int8 terms as the VNNI path (quant_layout.h). VPMADDUBSW
 //   multiplies unsigned codes by signed int8 x into int16 pair sums; these add up in int16 over as many quads
 //   as cannot overflow (kQuadsPerFlush), then VPMADDWD widens them to int32 (with the 254 of x's first term):
 //   the 4-position sums VPDPBUSD makes. 4- to 6-bit codes (<= 63) cannot overflow one pair (2 * 63 * 127);
@@ -32,7 +32,7 @@ constexpr int kMaxRows = 2;  // rows of x per register tile (two halves each: 4 
 // Measured on a Zen3 at 8,192 x 2,048 (benchmarks/quant_kernel.py): with the int16 pair sums the int8 terms
 // are faster up to 32 rows for 4-bit codes (1.2-1.7x at 9-32 rows, even at 48-64), up to 16 for 6- and 8-bit
 // ones (1.2x / 1.0x at 16; 0.7x for Q6_K at 48).
-constexpr int int8_up_to_rows(int bits) { return bits == 4 ? 32 : 16; }
+constexpr int kInt8UpToRows4 = 32, kInt8UpToRowsWider = 16;
 constexpr int64_t kPrefetchBytes = 4096;  // codes fetched ahead of the group in hand
 
 inline float hsum(__m256 v) {
@@ -375,6 +375,8 @@ void run_float(const float* x, int64_t ldx, int64_t m, const Weight& w, float* y
 
 }  // namespace
 
+int64_t int8_up_to_rows_avx2(int64_t bits) { return bits == 4 ? kInt8UpToRows4 : kInt8UpToRowsWider; }
+
 bool cpu_supports_avx2() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
@@ -382,7 +384,7 @@ bool cpu_supports_avx2() {
 
 void quant_gemm_avx2(const at::Tensor& x_in, const Weight& w, int key, int64_t sub, float* y, int64_t ldy, int64_t n) {
   const int64_t m = x_in.size(0), k = x_in.size(1);
-  if (m > int8_up_to_rows(w.bits)) {  // float32 x times the dequantized chunks
+  if (m > int8_up_to_rows_avx2(w.bits)) {  // float32 x times the dequantized chunks
     const at::Tensor x = x_in.scalar_type() == at::kFloat && x_in.stride(1) == 1 ? x_in : x_in.to(at::kFloat).contiguous();
     const float* xp = x.data_ptr<float>();
     const int64_t ldx = x.stride(0);

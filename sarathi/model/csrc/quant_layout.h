@@ -81,6 +81,9 @@ bool with_format(int key, F&& f) {
 // is missing.
 bool cpu_supports_avx2();
 
+// Rows of x up to which the AVX2 path multiplies x in int8 terms (more: float32 x), by code width.
+int64_t int8_up_to_rows_avx2(int64_t bits);
+
 // out[M, n] (float32, row stride ldy) = x (float32 or bf16 [M, K], unit column stride) @ W^T on the AVX2
 // path; `key` names the format as in quant_gemm.cpp (bits * 1000 + sub * 10 + 2 * sc + min).
 void quant_gemm_avx2(const at::Tensor& x, const Weight& w, int key, int64_t sub, float* y, int64_t ldy, int64_t n);
