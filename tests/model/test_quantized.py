@@ -1,8 +1,8 @@
 """GGUF-quantized weights kept in their blocks: unpacking equals the `gguf` package's dequantization, and the
 quantized kernel equals x times those exact weights, at odd shapes, batch sizes 1 / 4 / 7 / 9 / 17 / 33 / 64:
-up to the kernel's threshold for the code width on this CPU (`kernels.quant_int8_rows`: 4 to 32) x in two int8
-terms per 32 positions (the VNNI path, or VPMADDUBSW on the AVX2 path), more rows x rounded to bf16 (float32 on
-the AVX2 path); fused layers of mixed formats and TP slices on block boundaries."""
+up to the kernel's threshold for the code width on this CPU (`kernels.quant_int8_rows`: 4 to 32) x in two
+int8 terms per 32 positions (the VNNI path, or VPMADDUBSW on the AVX2 path), more rows x rounded to bf16
+(float32 on the AVX2 path); fused layers of mixed formats and TP slices on block boundaries."""
 
 from __future__ import annotations
 
