@@ -32,7 +32,8 @@ Where that cannot happen (no compiler, a CPU without AVX512-BF16, or `SARATHI_KE
 False, a one-line notice says why, and callers keep PyTorch's kernels. On a CPU with AVX2 but without
 AVX512-BF16 (AMD Zen 2/3, older Intel Xeons) the kernels with an AVX2 build still run: the quantized-weight
 kernels (`csrc/quant_gemm_avx2.cpp`), `rms_norm_f32`, the float32 fused steps, `decode_attention`,
-`rope_write_kv` and `decode_layer`: `portable_available()`.
+`rope_write_kv` and `decode_layer`: `portable_available()`. `SARATHI_KERNELS=avx2` runs those AVX2 builds
+(and only those) on an AVX-512 CPU too, as on a CPU without AVX512-BF16: to test and time them there.
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ def _load() -> tuple[str, str]:
     if torch.ops.sarathi_kernels.cpu_supported():
         return "full", ""
     if torch.ops.sarathi_kernels.cpu_portable_supported():
-        return "avx2", "this CPU lacks AVX512-BF16"
+        forced = os.environ.get("SARATHI_KERNELS") == "avx2"
+        return "avx2", "SARATHI_KERNELS=avx2" if forced else "this CPU lacks AVX512-BF16"
     return "none", "this CPU lacks AVX512-BF16 and AVX2"
 
 

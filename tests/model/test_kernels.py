@@ -265,6 +265,30 @@ def test_without_kernels_pytorch_serves_and_auto_means_float32():
     assert "SARATHI_KERNELS=0" in done.stderr  # the one-line notice
 
 
+@needs_avx512
+def test_forced_avx2_builds_serve_the_quantized_model():
+    """SARATHI_KERNELS=avx2 on an AVX-512 CPU: only the AVX2 builds run, as on a CPU without AVX512-BF16 (so
+    that path is exercised here too): a notice, `auto` compute resolving to float32, the embedded model served
+    from its Q4_1 blocks through the AVX2 quantized kernel."""
+    code = (
+        "import torch\n"
+        "from sarathi import LLM, SamplingParams\n"
+        "from sarathi.model import kernels\n"
+        "assert not kernels.available() and kernels.portable_available()\n"
+        "llm = LLM(num_kv_blocks=32, max_model_len=128)\n"
+        "model = llm.engine.executor.worker.model\n"
+        "assert model.compute_dtype == torch.float32 and model.quantized_layers(), model.quantized_layers()\n"
+        "p = SamplingParams(temperature=0.0, max_tokens=8)\n"
+        "out = llm.generate('The capital of France is', p, use_tqdm=False)[0]\n"
+        "assert 'Paris' in out.text, out.text\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "SARATHI_KERNELS": "avx2"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+    assert "SARATHI_KERNELS=avx2" in done.stderr  # the one-line notice
+
+
 @pytest.mark.parametrize("dtype", RESULT_DTYPES)
 @pytest.mark.parametrize("rows", [0, 1, 7, 64])
 @pytest.mark.parametrize("width", [1536, 40, 17])
