@@ -242,6 +242,15 @@ def test_argmax_rows_first_tie_and_nan_like_torch():
     assert kernels.argmax_rows(x).tolist() == x.argmax(-1).tolist() == [0, 30, 140, 99, 0]
 
 
+def _run_with_kernels_setting(setting: str, code: str) -> None:
+    """Runs `code` (which prints 'ok' at its end) in a fresh process with SARATHI_KERNELS=setting; it must
+    succeed and print the one-line notice naming the setting."""
+    env = {**os.environ, "SARATHI_KERNELS": setting}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+    assert f"SARATHI_KERNELS={setting}" in done.stderr
+
+
 @needs_avx512
 def test_without_kernels_pytorch_serves_and_auto_means_float32():
     """SARATHI_KERNELS=0 (as on a CPU without AVX512-BF16): a notice, PyTorch's kernels, and `auto` compute
@@ -259,10 +268,7 @@ def test_without_kernels_pytorch_serves_and_auto_means_float32():
         "    assert 'Paris' in out.text, out.text\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "SARATHI_KERNELS": "0"}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
-    assert "SARATHI_KERNELS=0" in done.stderr  # the one-line notice
+    _run_with_kernels_setting("0", code)
 
 
 @needs_avx512
@@ -283,10 +289,7 @@ def test_forced_avx2_builds_serve_the_quantized_model():
         "assert 'Paris' in out.text, out.text\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "SARATHI_KERNELS": "avx2"}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
-    assert "SARATHI_KERNELS=avx2" in done.stderr  # the one-line notice
+    _run_with_kernels_setting("avx2", code)
 
 
 @pytest.mark.parametrize("dtype", RESULT_DTYPES)
