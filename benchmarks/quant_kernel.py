@@ -6,11 +6,13 @@ bytes read per second (beside it, the same call on one weight again and again, i
 the LM head's: far above the memory's rate means the loop waits on memory), and the ratio to the
 dense kernel on the same shape: our bf16 GEMM where AVX512-BF16 exists, PyTorch's float32 linear elsewhere
 (the AVX2 build). Few rows take the int8-activation path
-(VPDPBUSD, or VPMADDUBSW on AVX2), more rows the dequantized-tile one.
+(VPDPBUSD, or VPMADDUBSW on AVX2), more rows the dequantized-tile one; `--both-paths` also times each
+path forced at every row count, alternating the two calls, which is how the threshold for a code width
+and CPU kind (`kernels.quant_int8_rows`) is chosen.
 Shapes are Llama 3.2 1B's (`--shape`): the MLP's up projection (8,192 x 2,048), its down projection
 (2,048 x 8,192) and the tied LM head (128,256 x 2,048). Random codes; results saved with the machine:
 
-    python -m benchmarks.quant_kernel [--formats Q8_0,Q4_K,Q6_K] [--rows 1,4,8,32]
+    python -m benchmarks.quant_kernel [--formats Q8_0,Q4_K,Q6_K] [--rows 1,4,8,32] [--both-paths]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import itertools
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import gguf
 import numpy as np
@@ -70,12 +73,29 @@ def median_seconds(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def alternating_medians(a, b, repeats: int) -> tuple[float, float, float]:
+    """Median seconds of a and of b, called in turn, and the median of their per-pair ratio a / b (pairs
+    taken moments apart, so a drifting memory rate cancels out of the ratio)."""
+    a(), b()
+    ta, tb = [], []
+    for _ in range(repeats):
+        for fn, times in ((a, ta), (b, tb)):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    ratio = statistics.median(x / y for x, y in zip(ta, tb, strict=True))
+    return statistics.median(ta), statistics.median(tb), ratio
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--formats", default="Q8_0,Q4_0,Q4_K,Q6_K")
     p.add_argument("--rows", default="1,2,4,8,32")
     p.add_argument("--shape", default="up,down,lm_head")
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument(
+        "--both-paths", action="store_true", help="also time the int8 and tile paths at every row count"
+    )
     args = p.parse_args()
     if not kernels.portable_available():
         print("sarathi's CPU kernels do not run here", file=sys.stderr)
@@ -128,15 +148,25 @@ def main() -> int:
                     "dense_ms": round(dense_s[m] * 1e3, 3),
                     "vs_dense": round(s / dense_s[m], 2),
                 }
-                results.append(row)
-                print(
+                line = (
                     f"{shape:8s} {qtype:5s} rows {m:3d}: {row['ms']:8.3f} ms  "
                     f"{row['quantized_gb_per_s']:5.1f} GB/s (in cache {row['hot_gb_per_s']:5.1f})  "
                     f"{dense_name} {row['dense_ms']:8.3f} ms  "
-                    f"({row['vs_dense']:.2f}x)",
-                    flush=True,
+                    f"({row['vs_dense']:.2f}x)"
                 )
-    print(f"saved {save_result('quant_kernel', results, vars(args))}")
+                if args.both_paths:
+
+                    def forced(int8_rows: int, x=x, out=out, ring=ring) -> Callable[[], None]:
+                        return lambda: kernels.quant_gemm(x, next(ring), out, int8_rows=int8_rows)
+
+                    int8_s, tile_s, ratio = alternating_medians(forced(m), forced(0), repeats)
+                    row |= {"int8_ms": round(int8_s * 1e3, 3), "tile_ms": round(tile_s * 1e3, 3)}
+                    row["int8_vs_tile"] = round(ratio, 2)
+                    line += f"  int8 path {int8_s * 1e3:.3f} / tile path {tile_s * 1e3:.3f} ms = {ratio:.2f}"
+                results.append(row)
+                print(line, flush=True)
+    settings = vars(args) | {"int8_rows": {b: kernels.quant_int8_rows(b) for b in (4, 5, 6, 8)}}
+    print(f"saved {save_result('quant_kernel', results, settings)}")
     return 0
 
 

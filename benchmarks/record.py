@@ -9,22 +9,21 @@ import platform
 import subprocess
 from pathlib import Path
 
+from sarathi.simulator.cpu_identity import cpu_identity
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def machine_info() -> dict:
-    """CPU model, core count, memory, Python and torch versions."""
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    """CPU name and identity (vendor, family, model, ISA flags: a virtual machine's name is often just
+    "AMD EPYC"), core count, memory, Python and torch versions."""
+    cpu = cpu_identity()
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     import torch
 
     return {
-        "cpu": cpu,
+        "cpu": cpu.name,
+        "cpu_identity": cpu.label(),
         "cores": os.cpu_count(),
         "memory_gib": round(mem_gib, 1),
         "python": platform.python_version(),

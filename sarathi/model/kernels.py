@@ -144,10 +144,13 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.T
     return y.view(*x.shape[:-1], out_features)
 
 
-def quant_gemm(x: torch.Tensor, w: PackedQuant, out: torch.Tensor) -> None:
+def quant_gemm(x: torch.Tensor, w: PackedQuant, out: torch.Tensor, int8_rows: int = -1) -> None:
     """out (float32 [M, w.rows], rows may be strided) = x [M, w.cols] (float32 or bf16; the many-rows path
-    rounds it to bf16, the few-rows path quantizes it as given) times the quantized weight's transpose."""
-    torch.ops.sarathi_kernels.quant_gemm(x, w.codes, w.d, w.sc, w.dm, w.mc, w.bits, w.sub, w.zero, out)
+    rounds it to bf16, the few-rows path quantizes it as given) times the quantized weight's transpose.
+    Up to `int8_rows` rows take the few-rows (int8) path; -1 leaves it to this CPU (`quant_int8_rows`)."""
+    torch.ops.sarathi_kernels.quant_gemm(
+        x, w.codes, w.d, w.sc, w.dm, w.mc, w.bits, w.sub, w.zero, out, int8_rows
+    )
 
 
 def quant_int8_rows(bits: int) -> int:

@@ -2,7 +2,8 @@
 quantized kernel equals x times those exact weights, at odd shapes, batch sizes 1 / 4 / 7 / 9 / 17 / 33 / 64:
 up to the kernel's threshold for the code width on this CPU (`kernels.quant_int8_rows`: 4 to 32) x in two
 int8 terms per 32 positions (the VNNI path, or VPMADDUBSW on the AVX2 path), more rows x rounded to bf16
-(float32 on the AVX2 path); fused layers of mixed formats and TP slices on block boundaries."""
+(float32 on the AVX2 path), and each path forced at row counts this CPU sends to the other; fused layers of
+mixed formats and TP slices on block boundaries."""
 
 from __future__ import annotations
 
@@ -125,6 +126,27 @@ def test_quantized_kernel_multiplies_the_exact_weights(qtype: str, batch: int) -
         want = reference_matmul(x, quantized.dequantize(u))
     err = ((out.double() - want).abs().max() / want.abs().max()).item()
     assert err <= 2e-6, f"{qtype} batch {batch}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("batch", [9, 33])
+@pytest.mark.parametrize("path", ["int8", "dense"])
+@pytest.mark.parametrize("qtype", list(quantized.FORMATS))
+def test_either_path_at_any_row_count(qtype: str, path: str, batch: int) -> None:
+    """Each path forced past this CPU's threshold: both are checked at row counts the CPU sends elsewhere."""
+    rows, cols = shape_for(qtype)
+    u = quantized.unpack(random_quantized(qtype, rows, cols, seed=batch))
+    x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(batch))
+    out = torch.full((batch, rows), float("nan"))
+    kernels.quant_gemm(x, quantized.pack(u), out, int8_rows=batch if path == "int8" else 0)
+    want = reference_vnni(x, u) if path == "int8" else reference_matmul(x, quantized.dequantize(u))
+    err = ((out.double() - want).abs().max() / want.abs().max()).item()
+    assert err <= 2e-6, f"{qtype} {path} path, batch {batch}: relative error {err:.2e}"
+
+
+def test_int8_rows_must_be_a_row_count_or_minus_one() -> None:
+    w = quantized.pack(quantized.unpack(random_quantized("Q8_0", 16, 64)))
+    with pytest.raises(RuntimeError, match="int8_rows"):
+        kernels.quant_gemm(torch.randn(2, 64), w, torch.empty(2, 16), int8_rows=-2)
 
 
 def merge(parts: list[quantized.QuantizedTensor]) -> quantized.QuantizedTensor:

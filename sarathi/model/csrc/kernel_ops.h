@@ -41,8 +41,10 @@ void rope_write_kv_avx2(const at::Tensor& qkv, const at::Tensor& cos, const at::
 void decode_attention_avx2(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& tables, const at::Tensor& lens, double scale, int64_t window,
                            at::Tensor& out);
+// int8_rows: rows of x up to which the int8 path runs; -1 for this CPU's choice (quant_int8_rows).
 void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& sc,
-                const at::Tensor& dm, const at::Tensor& mc, int64_t bits, int64_t sub, int64_t zero, at::Tensor& out);
+                const at::Tensor& dm, const at::Tensor& mc, int64_t bits, int64_t sub, int64_t zero, at::Tensor& out,
+                int64_t int8_rows = -1);
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& sc,
                         const at::Tensor& dm, const at::Tensor& mc, int64_t bits, int64_t sub, int64_t zero, int64_t n);
 

@@ -474,11 +474,19 @@ const uint16_t* half_ptr(const at::Tensor& t) { return reinterpret_cast<const ui
 
 }  // namespace
 
+// Rows of x up to which quant_gemm multiplies x in two int8 terms on this CPU (more rows: bf16 x on the
+// AVX-512 path, float32 x on the AVX2 path), for codes of `bits` bits.
+int64_t quant_int8_rows(int64_t bits) {
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "quant_int8_rows: unsupported code width ", bits);
+  return cpu_supported() ? vnni_up_to_rows(bits) : int8_up_to_rows_avx2(bits);
+}
+
 // x [M, K] bf16 or float32; codes uint8 [tiles, K/32, bytes]; d, dm float16 [tiles, supers, 16] (dm empty
 // without offsets); sc int8, mc uint8 [tiles, K/sub, 16] (empty for non-k-quants); out float32 [M, N] (rows
 // may be strided: a column slice of a wider output) is overwritten with x @ W^T.
 void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& sc,
-                const at::Tensor& dm, const at::Tensor& mc, int64_t bits, int64_t sub, int64_t zero, at::Tensor& out) {
+                const at::Tensor& dm, const at::Tensor& mc, int64_t bits, int64_t sub, int64_t zero, at::Tensor& out,
+                int64_t int8_rows) {
   TORCH_CHECK(x_in.dim() == 2, "quant_gemm: x must be 2-D");
   TORCH_CHECK(out.dim() == 2 && out.scalar_type() == at::kFloat && out.stride(1) == 1 && out.size(0) == x_in.size(0),
               "quant_gemm: out must be float32 [M, N] with unit column stride");
@@ -516,11 +524,13 @@ void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tenso
   const int64_t ldy = out.stride(0);
   const int key = static_cast<int>(bits) * 1000 + static_cast<int>(sub) * 10 + (has_sc ? 2 : 0) + (has_min ? 1 : 0);
   static const bool avx512 = cpu_supported();
+  TORCH_CHECK(int8_rows >= -1, "quant_gemm: int8_rows must be -1 (this CPU's choice) or a row count");
+  if (int8_rows == -1) int8_rows = quant_int8_rows(bits);
   if (!avx512) {  // the AVX2 path (the Python side runs this only where cpu_portable_supported() says so)
-    quant_gemm_avx2(x_in, w, key, sub, yp, ldy, n);
+    quant_gemm_avx2(x_in, w, key, sub, yp, ldy, n, int8_rows);
     return;
   }
-  if (m <= vnni_up_to_rows(bits)) {
+  if (m <= int8_rows) {
     const bool rows_in_place = x_in.stride(1) == 1 && (x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16);
     const at::Tensor xc = rows_in_place ? x_in : x_in.to(at::kFloat).contiguous();
     const QuantizedRows xr = xc.scalar_type() == at::kFloat
@@ -558,13 +568,6 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::
 // F16C): quant_gemm, quant_linear, quant_rows, rms_norm_f32, decode_attention and rope_write_kv.
 bool cpu_portable_supported() { return cpu_supported() || cpu_supports_avx2(); }
 
-// Rows of x up to which quant_gemm multiplies x in two int8 terms on this CPU (more rows: bf16 x on the
-// AVX-512 path, float32 x on the AVX2 path), for codes of `bits` bits.
-int64_t quant_int8_rows(int64_t bits) {
-  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "quant_int8_rows: unsupported code width ", bits);
-  return cpu_supported() ? vnni_up_to_rows(bits) : int8_up_to_rows_avx2(bits);
-}
-
 TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
   lib.def("cpu_portable_supported() -> bool", &cpu_portable_supported);
   lib.def("quant_int8_rows(int bits) -> int", &quant_int8_rows);
@@ -572,7 +575,7 @@ TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
           "int n) -> Tensor",
           &quant_linear);
   lib.def("quant_gemm(Tensor x, Tensor codes, Tensor d, Tensor sc, Tensor dm, Tensor mc, int bits, int sub, int zero, "
-          "Tensor(a!) out) -> ()",
+          "Tensor(a!) out, int int8_rows=-1) -> ()",
           &quant_gemm);
 }
 

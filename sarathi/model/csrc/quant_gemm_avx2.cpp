@@ -382,9 +382,10 @@ bool cpu_supports_avx2() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
-void quant_gemm_avx2(const at::Tensor& x_in, const Weight& w, int key, int64_t sub, float* y, int64_t ldy, int64_t n) {
+void quant_gemm_avx2(const at::Tensor& x_in, const Weight& w, int key, int64_t sub, float* y, int64_t ldy, int64_t n,
+                     int64_t int8_rows) {
   const int64_t m = x_in.size(0), k = x_in.size(1);
-  if (m > int8_up_to_rows_avx2(w.bits)) {  // float32 x times the dequantized chunks
+  if (m > int8_rows) {  // float32 x times the dequantized chunks
     const at::Tensor x = x_in.scalar_type() == at::kFloat && x_in.stride(1) == 1 ? x_in : x_in.to(at::kFloat).contiguous();
     const float* xp = x.data_ptr<float>();
     const int64_t ldx = x.stride(0);

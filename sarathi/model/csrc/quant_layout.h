@@ -85,7 +85,9 @@ bool cpu_supports_avx2();
 int64_t int8_up_to_rows_avx2(int64_t bits);
 
 // out[M, n] (float32, row stride ldy) = x (float32 or bf16 [M, K], unit column stride) @ W^T on the AVX2
-// path; `key` names the format as in quant_gemm.cpp (bits * 1000 + sub * 10 + 2 * sc + min).
-void quant_gemm_avx2(const at::Tensor& x, const Weight& w, int key, int64_t sub, float* y, int64_t ldy, int64_t n);
+// path; `key` names the format as in quant_gemm.cpp (bits * 1000 + sub * 10 + 2 * sc + min); up to int8_rows
+// rows of x take the int8 path.
+void quant_gemm_avx2(const at::Tensor& x, const Weight& w, int key, int64_t sub, float* y, int64_t ldy, int64_t n,
+                     int64_t int8_rows);
 
 }  // namespace sarathi_kernels
