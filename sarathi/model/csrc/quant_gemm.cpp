@@ -7,7 +7,7 @@
 // sub-block, k-quants only). The scales are applied once per sub-block:
 //     sum_k w x = s * sum_k (q - z) x + m * sum_k x.
 // Two paths multiply the codes, both over exactly the file's values:
-// - a few rows of x (M <= vnni_up_to_rows(bits), 4 to 32 by code width and CPU: decode): x, as given (float32 or bf16, read in
+// - a few rows of x (M <= vnni_up_to_rows(bits), 4 to 256 by code width and CPU: decode): x, as given (float32 or bf16, read in
 //   place, quantized into a per-thread buffer), is split into two int8 terms per 32 positions (QuantizedRows: 16 bits of resolution, where one int8 term is too coarse for our contract),
 //   and VPDPBUSD sums 4 code x int8 products per lane in int32, twice; one conversion to float32 per
 //   sub-block. This reads the weight once at near the memory's speed (codes are never widened past bytes).
@@ -450,24 +450,33 @@ void run_vnni(const QuantizedRows& x, int64_t m, const Weight& w, float* y, int6
   });
 }
 
-// Whether this is an AMD Zen5 or later (family 0x1A+), whose 512-bit units are full width.
-bool amd_zen5_or_later() {
+// The CPU kinds whose int8 / bf16 path balance was measured apart (below).
+enum class CpuKind { kOther, kAmdZen5OrLater, kIntel };
+
+CpuKind cpu_kind() {
   unsigned eax, ebx, ecx, edx;
-  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx) || ebx != 0x68747541) return false;  // "Auth"enticAMD
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return CpuKind::kOther;
+  if (ebx == 0x756e6547) return CpuKind::kIntel;  // "Genu"ineIntel
+  if (ebx != 0x68747541) return CpuKind::kOther;  // "Auth"enticAMD
   __get_cpuid(1, &eax, &ebx, &ecx, &edx);
   const unsigned base = (eax >> 8) & 0xF, family = base == 0xF ? base + ((eax >> 20) & 0xFF) : base;
-  return family >= 0x1A;
+  return family >= 0x1A ? CpuKind::kAmdZen5OrLater : CpuKind::kOther;  // 0x1A: Zen5, full-width 512-bit units
 }
 
-// Rows of x up to which the int8 (VPDPBUSD) path runs, by code width; more rows take the bf16 path. Both paths
-// timed on the same weights (8,192 x 2,048 from memory, 5 to 64 rows): 8-bit codes, read without decoding, up
-// to 32 everywhere. 4- and 5-bit codes up to 32 on a Zen5 (0.65-0.99x the bf16 path's time at 5-32 rows,
-// 0.86-1.05x at 64), 4 elsewhere (on a Zen4 the bf16 path was the faster above 4 rows). 6-bit codes 4 (on a
-// Zen5 the int8 path took 1.08x the bf16 path's time at 8 rows, 1.44x at 32: two more bit planes per quad).
+// Rows of x up to which the int8 (VPDPBUSD) path runs, by code width and CPU kind; more rows take the bf16
+// path. Both paths timed on the same weights (8,192 x 2,048 and its transpose, from memory, 2 threads;
+// `benchmarks/quant_kernel.py --both-paths`):
+// - AMD Zen4 (and other CPUs): 8-bit codes, read without decoding, up to 32; other widths 4 (the bf16 path
+//   was the faster above 4 rows).
+// - AMD Zen5: 8-bit 32; 4- and 5-bit 32 (0.65-0.99x the bf16 path's time at 5-32 rows, 0.86-1.05x at 64);
+//   6-bit 4 (the int8 path took 1.08x the bf16 path's time at 8 rows, 1.44x at 32: two more bit planes).
+// - Intel with AVX512-BF16 (measured on an Emerald Rapids, family 6 model 207): every width up to 256 rows,
+//   the most measured (0.41-0.78x the bf16 path's time at 5-256 rows, 6-bit codes included).
 int64_t vnni_up_to_rows(int64_t bits) {
-  static const bool wide_units = amd_zen5_or_later();
+  static const CpuKind kind = cpu_kind();
+  if (kind == CpuKind::kIntel) return 256;
   if (bits == 8) return 32;
-  return bits == 6 || !wide_units ? 4 : 32;
+  return bits == 6 || kind != CpuKind::kAmdZen5OrLater ? 4 : 32;
 }
 
 const uint16_t* half_ptr(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>()); }
