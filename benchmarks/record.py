@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 from sarathi.simulator.cpu_identity import cpu_identity
@@ -16,7 +17,8 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 def machine_info() -> dict:
     """CPU name and identity (vendor, family, model, ISA flags: a virtual machine's name is often just
-    "AMD EPYC"), core count, memory, Python and torch versions."""
+    "AMD EPYC"), core count, memory, Python and torch versions, and which of our kernels ran (where the
+    benchmark used them)."""
     cpu = cpu_identity()
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     import torch
@@ -29,7 +31,13 @@ def machine_info() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
-    }
+    } | _kernels_status()
+
+
+def _kernels_status() -> dict:
+    kernels = sys.modules.get("sarathi.model.kernels")  # only where the benchmark loaded them
+    status = kernels.status() if kernels is not None else None
+    return {"kernels": status} if status else {}
 
 
 def git_commit() -> str:

@@ -118,6 +118,15 @@ def _level() -> str:
         return str(_state["level"])
 
 
+def status() -> str | None:
+    """What the kernels' first use found, e.g. "full" or "avx2 (SARATHI_KERNELS=avx2)"; None before it
+    (asking builds nothing)."""
+    with _lock:
+        if "level" not in _state:
+            return None
+        return str(_state["level"]) + (f" ({_state['why']})" if _state["why"] else "")
+
+
 def available() -> bool:
     """Whether every kernel is built, loaded and runnable on this CPU (AVX-512 with BF16 and VNNI; builds
     the extension on the first call)."""
