@@ -6,7 +6,8 @@
 //   the 4-position sums VPDPBUSD makes. 4- to 6-bit codes (<= 63) cannot overflow one pair (2 * 63 * 127);
 //   8-bit codes are taken as signed bytes, their signs moved onto x (VPSIGNB), so pairs stay within
 //   2 * 128 * 127. Exact integer sums until the per-sub-block float32 scaling. One row reads the codes from
-//   memory near the rate of a plain sum over a large tensor only with the codes prefetched well ahead.
+//   memory near the rate of a plain sum over a large tensor only with the codes prefetched well ahead. From
+//   2 rows, 8-bit codes meet x's two terms joined into one int16 instead (VPMADDWD; tile_rows_wide).
 // - More rows: float32 x times the codes dequantized to float32 once per chunk of a tile (exact codes and
 //   scales, each weight rounded once, as the gguf package dequantizes), a 6 x 16 FMA register tile.
 //
@@ -256,17 +257,112 @@ void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, float* y, 
   for (int i = 0; i < MR; ++i) std::memcpy(y + i * ldy, rows[i], cols * sizeof(float));
 }
 
+// 8-bit codes against x's two terms joined into one int16, 254 * q1 + q2 (|.| <= 32,385): VPMADDWD multiplies
+// codes widened to int16 (once per quad, shared by the rows) by x in int32 pair sums, which add up over a
+// whole sub-block without overflow (16 products of |code| <= 255 and |x| <= 32,385 per lane). Per row and quad
+// half that is two VPMADDWD and two adds, where the int8 terms take two VPSIGNB, two VPMADDUBSW, two VPMADDWD
+// and two adds (8-bit codes cannot stay unsigned there: a pair of 255 * 127 overflows int16). The same
+// integer sums. Codes are the stored q - z + 128, the 128 taken off with x's sums like a zero point. On the
+// AVX2 path of a Zen5 (SARATHI_KERNELS=avx2) Q8_0 at 8 / 16 / 32 rows took 0.77 / 0.72 / 0.71x the int8
+// terms' time; narrower codes, whose int16 pair sums already add up over several quads, took 1.1-1.25x (kept
+// on the int8 terms). One row stays there too: its time is the memory's.
+template <int MR, int SUB, bool SC, bool MIN>
+void tile_rows_wide(const int16_t* x16, const QuantizedRows& x, const Weight& w, int64_t tile, float* y, int64_t ldy,
+                    int64_t cols) {
+  constexpr int kSubsPerGroup = kGroup / SUB, kQuadsPerSub = SUB / 4;
+  constexpr int64_t subs_per_super = kSubsPerSuper<SUB, SC>;
+  constexpr int64_t bytes = group_bytes(8);
+  const int64_t ldb = x.k / kGroup, ldsub = x.k / SUB;
+  __m256 acc[MR][2];
+#pragma GCC unroll 2
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  const uint8_t* tile_codes = w.codes + tile * w.groups * bytes;
+  for (int64_t g = 0; g < w.groups; ++g) {
+    const uint8_t* codes = tile_codes + g * bytes;
+    prefetch_codes(codes, bytes, kPrefetchBytes);
+#pragma GCC unroll 2
+    for (int s = 0; s < kSubsPerGroup; ++s) {
+      const int64_t sub = g * kSubsPerGroup + s, sup = sub / subs_per_super;
+      const int64_t super_at = (tile * w.supers + sup) * kCols, sub_at = (tile * w.subs + sub) * kCols;
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        __m256i lo[MR], hi[MR];  // lanes: column c's positions (0, 1) and (2, 3), columns 0-3 / 4-7 of the half
+#pragma GCC unroll 2
+        for (int i = 0; i < MR; ++i) lo[i] = hi[i] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int t = 0; t < kQuadsPerSub; ++t) {
+          const int r = s * kQuadsPerSub + t;
+          const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * r + 32 * h));
+          const __m256i c0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(u));
+          const __m256i c1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(u, 1));
+#pragma GCC unroll 2
+          for (int i = 0; i < MR; ++i) {
+            int64_t four;
+            std::memcpy(&four, x16 + i * x.k + g * kGroup + 4 * r, 8);
+            const __m256i xq = _mm256_set1_epi64x(four);
+            lo[i] = _mm256_add_epi32(lo[i], _mm256_madd_epi16(c0, xq));
+            hi[i] = _mm256_add_epi32(hi[i], _mm256_madd_epi16(c1, xq));
+            hold(lo[i]), hold(hi[i]);
+          }
+        }
+        const __m256 scale = sub_scale<SC>(w, super_at, sub_at, h), shift = sub_shift<SC, MIN>(w, super_at, sub_at, h);
+#pragma GCC unroll 2
+        for (int i = 0; i < MR; ++i) {
+          // [c0 c1 | c4 c5 | c2 c3 | c6 c7] -> columns in order
+          const __m256i dot = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo[i], hi[i]), 0xD8);
+          const __m256i d = _mm256_sub_epi32(dot, _mm256_set1_epi32(128 * x.isum[i * ldsub + sub]));
+          const __m256 sx = _mm256_mul_ps(scale, _mm256_set1_ps(x.dx[i * ldb + g]));
+          acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sx, acc[i][h]);
+          if constexpr (MIN) acc[i][h] = _mm256_fmadd_ps(shift, _mm256_set1_ps(x.xsum[i * ldsub + sub]), acc[i][h]);
+        }
+      }
+    }
+  }
+  alignas(32) float rows[MR][kCols];
+#pragma GCC unroll 2
+  for (int i = 0; i < MR; ++i) {
+    _mm256_store_ps(rows[i], acc[i][0]);
+    _mm256_store_ps(rows[i] + 8, acc[i][1]);
+  }
+  for (int i = 0; i < MR; ++i) std::memcpy(y + i * ldy, rows[i], cols * sizeof(float));
+}
+
+// x's two int8 terms joined, 254 * q1 + q2, as int16 rows [m, k] (a per-thread buffer reused across calls).
+const int16_t* joined_terms(const QuantizedRows& x, int64_t m) {
+  static thread_local std::vector<int16_t> buffer;
+  buffer.resize(static_cast<size_t>(m * x.k));
+  const __m256i fine = _mm256_set1_epi16(kFine);
+  for (int64_t j = 0; j < m * x.k; j += 16) {  // k is a multiple of 32
+    const __m256i q1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.q1 + j)));
+    const __m256i q2 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.q2 + j)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(buffer.data() + j), _mm256_add_epi16(_mm256_mullo_epi16(q1, fine), q2));
+  }
+  return buffer.data();
+}
+
 template <int BITS, int SUB, bool SC, bool MIN>
 void run(const QuantizedRows& x, int64_t m, const Weight& w, float* y, int64_t ldy, int64_t n) {
   const int64_t tiles = (n + kCols - 1) / kCols;
+  const int16_t* x16 = BITS == 8 && m > 1 ? joined_terms(x, m) : nullptr;
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t col0 = t * kCols, cols = std::min<int64_t>(kCols, n - col0);
       for (int64_t r = 0; r < m; r += kMaxRows) {  // the tile's codes stay in L1/L2 across row tiles
+        const QuantizedRows xr = x.rows_from(r);
+        float* yr = y + r * ldy + col0;
+        if constexpr (BITS == 8) {
+          if (x16 != nullptr) {
+            if (m - r >= 2)
+              tile_rows_wide<2, SUB, SC, MIN>(x16 + r * x.k, xr, w, t, yr, ldy, cols);
+            else
+              tile_rows_wide<1, SUB, SC, MIN>(x16 + r * x.k, xr, w, t, yr, ldy, cols);
+            continue;
+          }
+        }
         if (m - r >= 2)
-          tile_rows<BITS, 2, SUB, SC, MIN>(x.rows_from(r), w, t, y + r * ldy + col0, ldy, cols);
+          tile_rows<BITS, 2, SUB, SC, MIN>(xr, w, t, yr, ldy, cols);
         else
-          tile_rows<BITS, 1, SUB, SC, MIN>(x.rows_from(r), w, t, y + r * ldy + col0, ldy, cols);
+          tile_rows<BITS, 1, SUB, SC, MIN>(xr, w, t, yr, ldy, cols);
       }
     }
   });
