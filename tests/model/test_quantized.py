@@ -59,12 +59,9 @@ def takes_int8_path(qtype: str, rows: int) -> bool:
 
 
 def test_int8_row_thresholds() -> None:
-    """8-bit codes take the int8 path up to at least 32 rows on every AVX-512 CPU (16 on the AVX2 path);
-    the other widths at least up to 4 rows (one-sequence decode) and at most 256."""
-    if kernels.available():
-        assert kernels.quant_int8_rows(8) in (32, 256)
-    else:
-        assert kernels.quant_int8_rows(8) == 16
+    """8-bit codes take the int8 path up to at least 32 rows on every CPU; the other widths at least up to 4
+    rows (one-sequence decode) and at most 256."""
+    assert kernels.quant_int8_rows(8) in (32, 256)
     for bits in (4, 5, 6):
         assert 4 <= kernels.quant_int8_rows(bits) <= 256
     with pytest.raises(RuntimeError, match="unsupported code width"):

@@ -31,9 +31,11 @@ namespace {
 constexpr int kMaxRows = 2;  // rows of x per register tile (two halves each: 4 float and 4 int accumulators)
 // Rows up to which x is multiplied in int8 terms; more rows: float32 x times chunks dequantized once per tile.
 // Measured on a Zen3 at 8,192 x 2,048 (benchmarks/quant_kernel.py): with the int16 pair sums the int8 terms
-// are faster up to 32 rows for 4-bit codes (1.2-1.7x at 9-32 rows, even at 48-64), up to 16 for 6- and 8-bit
-// ones (1.2x / 1.0x at 16; 0.7x for Q6_K at 48).
-constexpr int kInt8UpToRows4 = 32, kInt8UpToRowsWider = 16;
+// are faster up to 32 rows for 4-bit codes (1.2-1.7x at 9-32 rows, even at 48-64), up to 16 for 5- and
+// 6-bit ones (1.2x at 16; 0.7x for Q6_K at 48). 8-bit codes: 32, measured only on a Zen5's AVX2 path since
+// tile_rows_wide: 0.72x the float path's time at 32 rows, 0.81-0.87x at 48-128 (the old 8-bit kernel was
+// 1.0x at 16 rows on the Zen3 and 0.85x on the Zen5, so the Zen5 flatters these paths by ~15-20%).
+constexpr int kInt8UpToRows4 = 32, kInt8UpToRows8 = 32, kInt8UpToRowsWider = 16;
 constexpr int64_t kPrefetchBytes = 4096;  // codes fetched ahead of the group in hand
 
 inline float hsum(__m256 v) {
@@ -471,7 +473,9 @@ void run_float(const float* x, int64_t ldx, int64_t m, const Weight& w, float* y
 
 }  // namespace
 
-int64_t int8_up_to_rows_avx2(int64_t bits) { return bits == 4 ? kInt8UpToRows4 : kInt8UpToRowsWider; }
+int64_t int8_up_to_rows_avx2(int64_t bits) {
+  return bits == 4 ? kInt8UpToRows4 : bits == 8 ? kInt8UpToRows8 : kInt8UpToRowsWider;
+}
 
 bool cpu_supports_avx2() {
   __builtin_cpu_init();
