@@ -34,7 +34,7 @@ constexpr int kMaxRows = 2;  // rows of x per register tile (two halves each: 4 
 // are faster up to 32 rows for 4-bit codes (1.2-1.7x at 9-32 rows, even at 48-64), up to 16 for 5- and
 // 6-bit ones (1.2x at 16; 0.7x for Q6_K at 48). 8-bit codes: 32, measured only on a Zen5's AVX2 path since
 // tile_rows_wide: 0.72x the float path's time at 32 rows, 0.81-0.87x at 48-128 (the old 8-bit kernel was
-// 1.0x at 16 rows on the Zen3 and 0.85x on the Zen5, so the Zen5 flatters these paths by ~15-20%).
+// 1.05x the float path at 16 rows on the Zen3 and 0.85x on the Zen5: the Zen5 flatters it by ~20%).
 constexpr int kInt8UpToRows4 = 32, kInt8UpToRows8 = 32, kInt8UpToRowsWider = 16;
 constexpr int64_t kPrefetchBytes = 4096;  // codes fetched ahead of the group in hand
 
