@@ -189,6 +189,26 @@ inline __m256 sub_shift(const Weight& w, int64_t super_at, int64_t sub_at, int h
   return dm;
 }
 
+// A row's int32 sums over one sub-block half, d, into its float32 sums: acc + d * s * dx (+ m * sum of x).
+template <bool MIN>
+inline __m256 add_sub_block(__m256 acc, __m256i d, __m256 scale, __m256 shift, float dx, float xsum) {
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(scale, _mm256_set1_ps(dx)), acc);
+  if constexpr (MIN) acc = _mm256_fmadd_ps(shift, _mm256_set1_ps(xsum), acc);
+  return acc;
+}
+
+// MR rows of a tile's float32 sums (two 8-column halves each) into y; `cols` of the 16 columns are valid.
+template <int MR>
+inline void store_rows(const __m256 (&acc)[MR][2], float* y, int64_t ldy, int64_t cols) {
+  alignas(32) float rows[MR][kCols];
+#pragma GCC unroll 2
+  for (int i = 0; i < MR; ++i) {
+    _mm256_store_ps(rows[i], acc[i][0]);
+    _mm256_store_ps(rows[i] + 8, acc[i][1]);
+  }
+  for (int i = 0; i < MR; ++i) std::memcpy(y + i * ldy, rows[i], cols * sizeof(float));
+}
+
 // MR rows of x against one tile (16 columns, `cols` of them valid), the whole depth.
 template <int BITS, int MR, int SUB, bool SC, bool MIN>
 void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, float* y, int64_t ldy, int64_t cols) {
@@ -243,20 +263,12 @@ void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, float* y, 
         for (int i = 0; i < MR; ++i) {
           __m256i d = dot[i];
           if (zero != 0) d = _mm256_sub_epi32(d, _mm256_set1_epi32(zero * x.isum[i * ldsub + sub]));
-          const __m256 sx = _mm256_mul_ps(scale, _mm256_set1_ps(x.dx[i * ldb + g]));
-          acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sx, acc[i][h]);
-          if constexpr (MIN) acc[i][h] = _mm256_fmadd_ps(shift, _mm256_set1_ps(x.xsum[i * ldsub + sub]), acc[i][h]);
+          acc[i][h] = add_sub_block<MIN>(acc[i][h], d, scale, shift, x.dx[i * ldb + g], x.xsum[i * ldsub + sub]);
         }
       }
     }
   }
-  alignas(32) float rows[MR][kCols];
-#pragma GCC unroll 2
-  for (int i = 0; i < MR; ++i) {
-    _mm256_store_ps(rows[i], acc[i][0]);
-    _mm256_store_ps(rows[i] + 8, acc[i][1]);
-  }
-  for (int i = 0; i < MR; ++i) std::memcpy(y + i * ldy, rows[i], cols * sizeof(float));
+  store_rows<MR>(acc, y, ldy, cols);
 }
 
 // 8-bit codes against x's two terms joined into one int16, 254 * q1 + q2 (|.| <= 32,385): VPMADDWD multiplies
@@ -313,20 +325,12 @@ void tile_rows_wide(const int16_t* x16, const QuantizedRows& x, const Weight& w,
           // [c0 c1 | c4 c5 | c2 c3 | c6 c7] -> columns in order
           const __m256i dot = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo[i], hi[i]), 0xD8);
           const __m256i d = _mm256_sub_epi32(dot, _mm256_set1_epi32(128 * x.isum[i * ldsub + sub]));
-          const __m256 sx = _mm256_mul_ps(scale, _mm256_set1_ps(x.dx[i * ldb + g]));
-          acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sx, acc[i][h]);
-          if constexpr (MIN) acc[i][h] = _mm256_fmadd_ps(shift, _mm256_set1_ps(x.xsum[i * ldsub + sub]), acc[i][h]);
+          acc[i][h] = add_sub_block<MIN>(acc[i][h], d, scale, shift, x.dx[i * ldb + g], x.xsum[i * ldsub + sub]);
         }
       }
     }
   }
-  alignas(32) float rows[MR][kCols];
-#pragma GCC unroll 2
-  for (int i = 0; i < MR; ++i) {
-    _mm256_store_ps(rows[i], acc[i][0]);
-    _mm256_store_ps(rows[i] + 8, acc[i][1]);
-  }
-  for (int i = 0; i < MR; ++i) std::memcpy(y + i * ldy, rows[i], cols * sizeof(float));
+  store_rows<MR>(acc, y, ldy, cols);
 }
 
 // x's two int8 terms joined, 254 * q1 + q2, as int16 rows [m, k] (a per-thread buffer reused across calls).
