@@ -487,7 +487,8 @@ const uint16_t* half_ptr(const at::Tensor& t) { return reinterpret_cast<const ui
 // AVX-512 path, float32 x on the AVX2 path), for codes of `bits` bits.
 int64_t quant_int8_rows(int64_t bits) {
   TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "quant_int8_rows: unsupported code width ", bits);
-  return cpu_supported() ? vnni_up_to_rows(bits) : int8_up_to_rows_avx2(bits);
+  static const bool avx512 = cpu_supported();  // asked once: quant_gemm calls this on every product
+  return avx512 ? vnni_up_to_rows(bits) : int8_up_to_rows_avx2(bits);
 }
 
 // x [M, K] bf16 or float32; codes uint8 [tiles, K/32, bytes]; d, dm float16 [tiles, supers, 16] (dm empty
