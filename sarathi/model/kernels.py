@@ -32,8 +32,10 @@ Where that cannot happen (no compiler, a CPU without AVX512-BF16, or `SARATHI_KE
 False, a one-line notice says why, and callers keep PyTorch's kernels. On a CPU with AVX2 but without
 AVX512-BF16 (AMD Zen 2/3, older Intel Xeons) the kernels with an AVX2 build still run: the quantized-weight
 kernels (`csrc/quant_gemm_avx2.cpp`), `rms_norm_f32`, the float32 fused steps, `decode_attention`,
-`rope_write_kv` and `decode_layer`: `portable_available()`. `SARATHI_KERNELS=avx2` runs those AVX2 builds
-(and only those) on an AVX-512 CPU too, as on a CPU without AVX512-BF16: to test and time them there.
+`rope_write_kv` and `decode_layer`: `portable_available()`. Where AVX-512 VNNI runs without AVX512-BF16
+(Intel Cascade Lake, Ice Lake: `level()` "vnni") `quant_gemm` multiplies on AVX-512 VNNI, at any row count,
+and the rest is the AVX2 builds. `SARATHI_KERNELS=avx2` (or `vnni`) runs an AVX-512 CPU as such a CPU would
+run: to test and time those paths there.
 """
 
 from __future__ import annotations
@@ -97,8 +99,9 @@ def _load() -> tuple[str, str]:
     if torch.ops.sarathi_kernels.cpu_supported():
         return "full", ""
     if torch.ops.sarathi_kernels.cpu_portable_supported():
-        forced = os.environ.get("SARATHI_KERNELS") == "avx2"
-        return "avx2", "SARATHI_KERNELS=avx2" if forced else "this CPU lacks AVX512-BF16"
+        choice = os.environ.get("SARATHI_KERNELS")
+        why = f"SARATHI_KERNELS={choice}" if choice in ("avx2", "vnni") else "this CPU lacks AVX512-BF16"
+        return "vnni" if torch.ops.sarathi_kernels.cpu_vnni_only() else "avx2", why
     return "none", "this CPU lacks AVX512-BF16 and AVX2"
 
 
@@ -107,15 +110,22 @@ def _level() -> str:
         if "level" not in _state:
             level, why = _load()
             _state["level"], _state["why"] = level, why
-            if level == "avx2":
+            if level in ("avx2", "vnni"):
                 logger.warning(
                     "sarathi's AVX-512 kernels unavailable (%s): PyTorch's kernels, with our AVX2 kernels "
-                    "for quantized weights, decode attention, RoPE and RMSNorm",
+                    "for quantized weights%s, decode attention, RoPE and RMSNorm",
                     why,
+                    " (their int8 products on AVX-512 VNNI)" if level == "vnni" else "",
                 )
             elif level == "none":
                 logger.warning("sarathi's CPU kernels unavailable (%s): using PyTorch's kernels", why)
         return str(_state["level"])
+
+
+def level() -> str:
+    """Which kernels run here: "full" (AVX-512 with BF16), "vnni" (the AVX2 builds, quantized products on
+    AVX-512 VNNI), "avx2" (the AVX2 builds) or "none"; builds the extension on the first call."""
+    return _level()
 
 
 def status() -> str | None:
@@ -137,7 +147,7 @@ def portable_available() -> bool:
     """Whether the kernels with an AVX2 build run here (`quant_gemm`, `quant_linear`, `quant_rows`,
     `rms_norm_f32` and the float32 fused steps, `decode_attention`, `rope_write_kv`, `decode_layer` over
     float32 layers): every AVX-512 BF16 CPU, and any with AVX2, FMA and F16C."""
-    return _level() in ("full", "avx2")
+    return _level() in ("full", "vnni", "avx2")
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -164,7 +174,8 @@ def quant_gemm(x: torch.Tensor, w: PackedQuant, out: torch.Tensor, int8_rows: in
 
 def quant_int8_rows(bits: int) -> int:
     """Rows of x up to which `quant_gemm` multiplies x in two int8 terms on this CPU, for `bits`-bit codes
-    (more rows: x rounded to bf16, or float32 on the AVX2 path)."""
+    (more rows: x rounded to bf16, or float32 on the AVX2 path; at the "vnni" level every row count:
+    2**63 - 1)."""
     return torch.ops.sarathi_kernels.quant_int8_rows(bits)
 
 
@@ -372,6 +383,8 @@ def main() -> None:
     took = time.perf_counter() - start
     said = {
         "full": "ready",
+        "vnni": "AVX2 kernels ready (quantized weights on AVX-512 VNNI, attention, RoPE, RMSNorm), PyTorch's "
+        "for the rest",
         "avx2": "AVX2 kernels ready (quantized weights, attention, RoPE, RMSNorm), PyTorch's for the rest",
         "none": "unavailable, using PyTorch kernels",
     }[level]

@@ -1,5 +1,5 @@
 """Which CPU this is, precisely enough to key a latency profile: vendor, family, model and the ISA flags
-that change which kernels run (AVX2, AVX-512, AVX512-BF16, AMX).
+that change which kernels run (AVX2, AVX-512, AVX512-VNNI, AVX512-BF16, AMX).
 
 The marketing name is not enough: virtual machines often report "AMD EPYC" or "Intel Xeon Processor" for
 several generations whose iteration times differ by 2x.
@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 #: ISA flags (as /proc/cpuinfo spells them) that decide which GEMM / attention paths run.
-RELEVANT_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+RELEVANT_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ def profile_key(config: EngineConfig) -> dict:
     m, p = config.model, config.parallel
     return {
         "kernels": kernels.source_digest(),
+        "kernel_level": kernels.level(),  # SARATHI_KERNELS=avx2 times differently on the same CPU
         "quantization": effective_quantization(m),
         "cpu": cpu_identity().key(),
         "grid_version": GRID_VERSION,

@@ -272,16 +272,18 @@ def test_without_kernels_pytorch_serves_and_auto_means_float32():
 
 
 @needs_avx512
-def test_forced_avx2_builds_serve_the_quantized_model():
-    """SARATHI_KERNELS=avx2 on an AVX-512 CPU: only the AVX2 builds run, as on a CPU without AVX512-BF16 (so
-    that path is exercised here too): a notice, `auto` compute resolving to float32, the embedded model served
-    from its Q4_1 blocks through the AVX2 quantized kernel."""
+@pytest.mark.parametrize("setting", ["avx2", "vnni"])
+def test_forced_avx2_builds_serve_the_quantized_model(setting):
+    """SARATHI_KERNELS=avx2 (or vnni) on an AVX-512 CPU: the AVX2 builds run, as on a CPU without
+    AVX512-BF16 (with vnni: the quantized products on AVX-512 VNNI, as on an Intel Cascade Lake or Ice Lake),
+    so those paths are exercised here too: a notice, `auto` compute resolving to float32, the embedded model
+    served from its Q4_1 blocks through the quantized kernel."""
     code = (
         "import torch\n"
         "from sarathi import LLM, SamplingParams\n"
         "from sarathi.model import kernels\n"
         "assert not kernels.available() and kernels.portable_available()\n"
-        "assert kernels.status() == 'avx2 (SARATHI_KERNELS=avx2)', kernels.status()\n"
+        f"assert kernels.status() == '{setting} (SARATHI_KERNELS={setting})', kernels.status()\n"
         "llm = LLM(num_kv_blocks=32, max_model_len=128)\n"
         "model = llm.engine.executor.worker.model\n"
         "assert model.compute_dtype == torch.float32 and model.quantized_layers(), model.quantized_layers()\n"
@@ -290,7 +292,7 @@ def test_forced_avx2_builds_serve_the_quantized_model():
         "assert 'Paris' in out.text, out.text\n"
         "print('ok')\n"
     )
-    _run_with_kernels_setting("avx2", code)
+    _run_with_kernels_setting(setting, code)
 
 
 @pytest.mark.parametrize("dtype", RESULT_DTYPES)

@@ -1,13 +1,16 @@
 """GGUF-quantized weights kept in their blocks: unpacking equals the `gguf` package's dequantization, and the
 quantized kernel equals x times those exact weights, at odd shapes, batch sizes 1 / 4 / 7 / 9 / 17 / 33 / 64:
-up to the kernel's threshold for the code width on this CPU (`kernels.quant_int8_rows`: 4 to 256) x in two
-int8 terms per 32 positions (the VNNI path, or VPMADDUBSW on the AVX2 path), more rows x rounded to bf16
-(float32 on the AVX2 path), and each path forced at row counts this CPU sends to the other; fused layers of
-mixed formats and TP slices on block boundaries."""
+up to the kernel's threshold for the code width on this CPU (`kernels.quant_int8_rows`: 4 to 256, or every
+row count) x in two int8 terms per 32 positions (the VNNI path, or VPMADDUBSW on the AVX2 path), more rows x
+rounded to bf16 (float32 on the AVX2 path), and each path forced at row counts this CPU sends to the other;
+fused layers of mixed formats and TP slices on block boundaries."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import gguf
 import numpy as np
@@ -60,10 +63,14 @@ def takes_int8_path(qtype: str, rows: int) -> bool:
 
 def test_int8_row_thresholds() -> None:
     """8-bit codes take the int8 path up to at least 32 rows on every CPU; the other widths at least up to 4
-    rows (one-sequence decode) and at most 256."""
-    assert kernels.quant_int8_rows(8) in (32, 256)
-    for bits in (4, 5, 6):
-        assert 4 <= kernels.quant_int8_rows(bits) <= 256
+    rows (one-sequence decode) and at most 256; every row count where the int8 path is AVX-512 VNNI and the
+    other the AVX2 build (the "vnni" level)."""
+    if kernels.level() == "vnni":
+        assert all(kernels.quant_int8_rows(bits) == 2**63 - 1 for bits in (4, 5, 6, 8))
+    else:
+        assert kernels.quant_int8_rows(8) in (32, 256)
+        for bits in (4, 5, 6):
+            assert 4 <= kernels.quant_int8_rows(bits) <= 256
     with pytest.raises(RuntimeError, match="unsupported code width"):
         kernels.quant_int8_rows(3)
 
@@ -141,6 +148,39 @@ def test_either_path_at_any_row_count(qtype: str, path: str, batch: int) -> None
     want = reference_vnni(x, u) if path == "int8" else reference_matmul(x, quantized.dequantize(u))
     err = ((out.double() - want).abs().max() / want.abs().max()).item()
     assert err <= 2e-6, f"{qtype} {path} path, batch {batch}: relative error {err:.2e}"
+
+
+@pytest.mark.skipif(not kernels.available(), reason="needs AVX-512 with BF16 and VNNI")
+def test_a_cpu_with_vnni_but_no_bf16_runs_the_int8_path_at_every_row_count(tmp_path) -> None:
+    """SARATHI_KERNELS=vnni (as on an Intel Cascade Lake or Ice Lake): a fresh process runs the AVX2
+    builds but multiplies quantized weights on AVX-512 VNNI at any row count, bit for bit as this
+    process's int8 path."""
+    cases = {}
+    for i, qtype in enumerate(quantized.FORMATS):
+        rows, cols = shape_for(qtype)
+        w = quantized.pack(quantized.unpack(random_quantized(qtype, rows, cols, seed=i)))
+        for batch in (1, 9, 300):
+            x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(batch + i))
+            want = torch.empty(batch, rows)
+            kernels.quant_gemm(x, w, want, int8_rows=batch)
+            cases[f"{qtype}-{batch}"] = (x, w, want)
+    torch.save(cases, tmp_path / "cases.pt")
+    code = (
+        "import torch\n"
+        "from sarathi.model import kernels\n"
+        "assert kernels.level() == 'vnni' and kernels.status() == 'vnni (SARATHI_KERNELS=vnni)'\n"
+        "assert kernels.quant_int8_rows(4) == kernels.quant_int8_rows(6) == 2**63 - 1\n"
+        f"cases = torch.load({str(tmp_path / 'cases.pt')!r}, weights_only=False)\n"
+        "for name, (x, w, want) in cases.items():\n"
+        "    out = torch.full_like(want, float('nan'))\n"
+        "    kernels.quant_gemm(x, w, out)\n"
+        "    assert torch.equal(out, want), name\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "SARATHI_KERNELS": "vnni"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+    assert "int8 products on AVX-512 VNNI" in done.stderr
 
 
 def test_int8_rows_must_be_a_row_count_or_minus_one() -> None:

@@ -48,6 +48,9 @@ def test_the_cpu_is_named_by_vendor_family_model_and_isa_flags_not_its_marketing
     assert cpu.name == "AMD EPYC" and "avx512_bf16" in cpu.label()
     zen5 = parse_cpuinfo(CPUINFO.replace("model\t\t: 17", "model\t\t: 2"))
     assert zen5.key() != cpu.key() and zen5.name == cpu.name
+    # Skylake-SP and Cascade Lake are both Intel family 6 model 85; only the latter runs AVX-512 VNNI products
+    cascade = parse_cpuinfo(CPUINFO.replace("avx512_bf16", "avx512_vnni"))
+    assert cascade.flags == ("avx2", "avx512f", "avx512_vnni")
 
 
 def test_profile_key_names_the_cpu_precisely(monkeypatch):

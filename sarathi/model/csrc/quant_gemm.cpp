@@ -11,6 +11,8 @@
 //   place, quantized into a per-thread buffer), is split into two int8 terms per 32 positions (QuantizedRows: 16 bits of resolution, where one int8 term is too coarse for our contract),
 //   and VPDPBUSD sums 4 code x int8 products per lane in int32, twice; one conversion to float32 per
 //   sub-block. This reads the weight once at near the memory's speed (codes are never widened past bytes).
+//   On a CPU with AVX-512 VNNI but no AVX512-BF16 (cpu_vnni_only) this path takes every row count and the rest
+//   of quant_gemm is its AVX2 build (quant_gemm_avx2.cpp).
 // - more rows (prefill, batched decode): the codes of a chunk are decoded to bf16 once into a per-thread
 //   scratch and reused by every row, multiplied against bf16 x with VDPBF16PS (float32 sums): x rounded to
 //   bf16 as in our bf16 GEMM.
@@ -38,7 +40,9 @@
 #include <array>
 #include <cstdint>
 #include <cpuid.h>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -261,15 +265,14 @@ void run(const int32_t* x, int64_t m, int64_t k, const float* xsum, const Weight
 
 // 16 values of a row of x (float32 or bf16) as float32.
 __attribute__((target("avx512f"))) inline __m512 load_x16(const float* p) { return _mm512_loadu_ps(p); }
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) inline __m512 load_x16(const at::BFloat16* p) {
+__attribute__((target("avx512f,avx512bw"))) inline __m512 load_x16(const at::BFloat16* p) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
 template <typename T>
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) void quantize_row(const T* x, int64_t k, int sub, int8_t* q1,
-                                                                          int8_t* q2, float* dx, int32_t* isum,
-                                                                          float* xsum) {
+__attribute__((target("avx512f,avx512bw"))) void quantize_row(const T* x, int64_t k, int sub, int8_t* q1, int8_t* q2,
+                                                               float* dx, int32_t* isum, float* xsum) {
   const __m512 fine = _mm512_set1_ps(static_cast<float>(kFine));
   for (int64_t b = 0; b < k / kGroup; ++b) {
     const __m512 x0 = load_x16(x + b * kGroup), x1 = load_x16(x + b * kGroup + 16);
@@ -481,14 +484,34 @@ int64_t vnni_up_to_rows(int64_t bits) {
 
 const uint16_t* half_ptr(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>()); }
 
+// Rows up to which the int8 path runs where AVX-512 VNNI runs but AVX512-BF16 does not: every row count, for
+// there the other path is the AVX2 one (float32 x against dequantized codes, 8-lane FMAs). On a Zen5 run as
+// such a CPU (SARATHI_KERNELS=vnni) the int8 path took 0.30-0.39x that path's time at 64-512 rows, 6-bit codes
+// 0.47-0.58x (8,192 x 2,048 and its transpose, from memory, 2 threads). Its x buffer grows with the rows (2
+// bytes a value), as the float path's copy of x would (4).
+constexpr int64_t kEveryRow = std::numeric_limits<int64_t>::max();
+
 }  // namespace
+
+// Whether quant_gemm's int8 path runs on AVX-512 VNNI where the rest of the AVX-512 kernels do not: a CPU with
+// AVX-512 (BW, VNNI) but no AVX512-BF16 (Intel Cascade Lake, Ice Lake), or SARATHI_KERNELS=vnni on any
+// AVX-512 VNNI CPU. Everything else there runs its AVX2 build.
+bool cpu_vnni_only() {
+  const char* choice = std::getenv("SARATHI_KERNELS");
+  if (cpu_supported() || (choice != nullptr && std::strcmp(choice, "avx2") == 0)) return false;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni");
+}
 
 // Rows of x up to which quant_gemm multiplies x in two int8 terms on this CPU (more rows: bf16 x on the
 // AVX-512 path, float32 x on the AVX2 path), for codes of `bits` bits.
 int64_t quant_int8_rows(int64_t bits) {
   TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "quant_int8_rows: unsupported code width ", bits);
-  static const bool avx512 = cpu_supported();  // asked once: quant_gemm calls this on every product
-  return avx512 ? vnni_up_to_rows(bits) : int8_up_to_rows_avx2(bits);
+  // asked once: quant_gemm calls this on every product
+  static const bool avx512 = cpu_supported(), vnni_only = cpu_vnni_only();
+  if (avx512) return vnni_up_to_rows(bits);
+  return vnni_only ? kEveryRow : int8_up_to_rows_avx2(bits);
 }
 
 // x [M, K] bf16 or float32; codes uint8 [tiles, K/32, bytes]; d, dm float16 [tiles, supers, 16] (dm empty
@@ -533,10 +556,12 @@ void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tenso
   float* yp = out.data_ptr<float>();
   const int64_t ldy = out.stride(0);
   const int key = static_cast<int>(bits) * 1000 + static_cast<int>(sub) * 10 + (has_sc ? 2 : 0) + (has_min ? 1 : 0);
-  static const bool avx512 = cpu_supported();
+  static const bool avx512 = cpu_supported(), vnni_only = cpu_vnni_only();
   TORCH_CHECK(int8_rows >= -1, "quant_gemm: int8_rows must be -1 (this CPU's choice) or a row count");
   if (int8_rows == -1) int8_rows = quant_int8_rows(bits);
-  if (!avx512) {  // the AVX2 path (the Python side runs this only where cpu_portable_supported() says so)
+  // The AVX2 path (the Python side runs it only where cpu_portable_supported() says so), but for the int8
+  // path where AVX-512 VNNI runs.
+  if (!avx512 && !(vnni_only && m <= int8_rows)) {
     quant_gemm_avx2(x_in, w, key, sub, yp, ldy, n, int8_rows);
     return;
   }
@@ -549,6 +574,7 @@ void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tenso
     const bool served = with_format(key, [&]<int BITS, int SUB, bool SC, bool MIN>() {
       run_vnni<BITS, SUB, SC, MIN>(xr, m, w, yp, ldy, n);
     });
+    TORCH_CHECK(served || avx512, "quant_gemm: no kernel for ", bits, "-bit codes, sub-block ", sub);
     if (served) return;  // else reported below
   }
   const at::Tensor x = x_in.to(at::kBFloat16).contiguous();
@@ -580,6 +606,7 @@ bool cpu_portable_supported() { return cpu_supported() || cpu_supports_avx2(); }
 
 TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
   lib.def("cpu_portable_supported() -> bool", &cpu_portable_supported);
+  lib.def("cpu_vnni_only() -> bool", &cpu_vnni_only);
   lib.def("quant_int8_rows(int bits) -> int", &quant_int8_rows);
   lib.def("quant_linear(Tensor x, Tensor codes, Tensor d, Tensor sc, Tensor dm, Tensor mc, int bits, int sub, int zero, "
           "int n) -> Tensor",
