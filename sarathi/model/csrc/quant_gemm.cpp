@@ -7,7 +7,7 @@
 // sub-block, k-quants only). The scales are applied once per sub-block:
 //     sum_k w x = s * sum_k (q - z) x + m * sum_k x.
 // Two paths multiply the codes, both over exactly the file's values:
-// - a few rows of x (M <= vnni_up_to_rows(bits), 4 to 256 by code width and CPU: decode): x, as given (float32 or bf16, read in
+// - a few rows of x (M <= vnni_up_to_rows(bits), 4 to 256 by code width and CPU: decode, short prefills): x, as given (float32 or bf16, read in
 //   place, quantized into a per-thread buffer), is split into two int8 terms per 32 positions (QuantizedRows: 16 bits of resolution, where one int8 term is too coarse for our contract),
 //   and VPDPBUSD sums 4 code x int8 products per lane in int32, twice; one conversion to float32 per
 //   sub-block. This reads the weight once at near the memory's speed (codes are never widened past bytes).
@@ -471,15 +471,16 @@ CpuKind cpu_kind() {
 // `benchmarks/quant_kernel.py --both-paths`):
 // - AMD Zen4 (and other CPUs): 8-bit codes, read without decoding, up to 32; other widths 4 (the bf16 path
 //   was the faster above 4 rows).
-// - AMD Zen5: 8-bit 32; 4- and 5-bit 32 (0.65-0.99x the bf16 path's time at 5-32 rows, 0.86-1.05x at 64);
-//   6-bit 4 (the int8 path took 1.08x the bf16 path's time at 8 rows, 1.44x at 32: two more bit planes).
+// - AMD Zen5: 4- and 8-bit 128 (0.81-1.00x the bf16 path's time at 32-128 rows, Q4_0 the least ahead;
+//   0.89-1.02x at 256); 5-bit 32 (0.65-0.99x at 5-32 rows, Q5_0 1.01-1.09x from 64); 6-bit 4 (the int8
+//   path took 1.08x the bf16 path's time at 8 rows, 1.44x at 32: two more bit planes).
 // - Intel with AVX512-BF16 (measured on an Emerald Rapids, family 6 model 207): every width up to 256 rows,
 //   the most measured (0.41-0.78x the bf16 path's time at 5-256 rows, 6-bit codes included).
 int64_t vnni_up_to_rows(int64_t bits) {
   static const CpuKind kind = cpu_kind();
   if (kind == CpuKind::kIntel) return 256;
-  if (bits == 8) return 32;
-  return bits == 6 || kind != CpuKind::kAmdZen5OrLater ? 4 : 32;
+  if (kind == CpuKind::kAmdZen5OrLater) return bits == 6 ? 4 : bits == 5 ? 32 : 128;
+  return bits == 8 ? 32 : 4;
 }
 
 const uint16_t* half_ptr(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>()); }
