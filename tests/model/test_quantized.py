@@ -135,11 +135,12 @@ def test_quantized_kernel_multiplies_the_exact_weights(qtype: str, batch: int) -
     assert err <= 2e-6, f"{qtype} batch {batch}: relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("batch", [9, 33, 65])
+@pytest.mark.parametrize("batch", [9, 33, 65, 300])
 @pytest.mark.parametrize("path", ["int8", "dense"])
 @pytest.mark.parametrize("qtype", list(quantized.FORMATS))
 def test_either_path_at_any_row_count(qtype: str, path: str, batch: int) -> None:
-    """Each path forced past this CPU's threshold: both are checked at row counts the CPU sends elsewhere."""
+    """Each path forced past this CPU's threshold: both are checked at row counts the CPU sends elsewhere
+    (300 rows: the int8 path's second slab of x)."""
     rows, cols = shape_for(qtype)
     u = quantized.unpack(random_quantized(qtype, rows, cols, seed=batch))
     x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(batch))

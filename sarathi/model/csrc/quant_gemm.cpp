@@ -488,9 +488,11 @@ const uint16_t* half_ptr(const at::Tensor& t) { return reinterpret_cast<const ui
 // Rows up to which the int8 path runs where AVX-512 VNNI runs but AVX512-BF16 does not: every row count, for
 // there the other path is the AVX2 one (float32 x against dequantized codes, 8-lane FMAs). On a Zen5 run as
 // such a CPU (SARATHI_KERNELS=vnni) the int8 path took 0.30-0.39x that path's time at 64-512 rows, 6-bit codes
-// 0.47-0.58x (8,192 x 2,048 and its transpose, from memory, 2 threads). Its x buffer grows with the rows (2
-// bytes a value), as the float path's copy of x would (4).
+// 0.47-0.58x (8,192 x 2,048 and its transpose, from memory, 2 threads).
 constexpr int64_t kEveryRow = std::numeric_limits<int64_t>::max();
+// The int8 path takes x in slabs of this many rows: every tile of the weight passes over a slab's int8 terms
+// while they are in cache (at 2,048 rows x 8,192 features they are 32 MiB), and the buffer stays bounded.
+constexpr int64_t kInt8SlabRows = 256;
 
 }  // namespace
 
@@ -569,12 +571,17 @@ void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tenso
   if (m <= int8_rows) {
     const bool rows_in_place = x_in.stride(1) == 1 && (x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16);
     const at::Tensor xc = rows_in_place ? x_in : x_in.to(at::kFloat).contiguous();
-    const QuantizedRows xr = xc.scalar_type() == at::kFloat
-                                 ? quantize_rows(xc.data_ptr<float>(), xc.stride(0), m, k, sub)
-                                 : quantize_rows(xc.data_ptr<at::BFloat16>(), xc.stride(0), m, k, sub);
-    const bool served = with_format(key, [&]<int BITS, int SUB, bool SC, bool MIN>() {
-      run_vnni<BITS, SUB, SC, MIN>(xr, m, w, yp, ldy, n);
-    });
+    const int64_t ldx = xc.stride(0);
+    bool served = true;
+    for (int64_t r0 = 0; r0 < m && served; r0 += kInt8SlabRows) {
+      const int64_t rows = std::min(kInt8SlabRows, m - r0);
+      const QuantizedRows xr = xc.scalar_type() == at::kFloat
+                                   ? quantize_rows(xc.data_ptr<float>() + r0 * ldx, ldx, rows, k, sub)
+                                   : quantize_rows(xc.data_ptr<at::BFloat16>() + r0 * ldx, ldx, rows, k, sub);
+      served = with_format(key, [&]<int BITS, int SUB, bool SC, bool MIN>() {
+        run_vnni<BITS, SUB, SC, MIN>(xr, rows, w, yp + r0 * ldy, ldy, n);
+      });
+    }
     TORCH_CHECK(served || avx512, "quant_gemm: no kernel for ", bits, "-bit codes, sub-block ", sub);
     if (served) return;  // else reported below
   }
