@@ -7,8 +7,8 @@ the LM head's: far above the memory's rate means the loop waits on memory), and 
 dense kernel on the same shape: our bf16 GEMM where AVX512-BF16 exists, PyTorch's float32 linear elsewhere
 (the AVX2 build). Few rows take the int8-activation path
 (VPDPBUSD, or VPMADDUBSW on AVX2), more rows the dequantized-tile one; `--both-paths` also times each
-path forced at every row count, alternating the two calls, which is how the threshold for a code width
-and CPU kind (`kernels.quant_int8_rows`) is chosen.
+path forced at every row count, alternating the two calls (the way `sarathi/model/quant_path_tuning.py`
+chooses each code width's threshold on the machine, `kernels.quant_int8_rows`; the default calls use it).
 Shapes are Llama 3.2 1B's (`--shape`): the MLP's up projection (8,192 x 2,048), its down projection
 (2,048 x 8,192) and the tied LM head (128,256 x 2,048). Random codes; results saved with the machine:
 
@@ -18,49 +18,19 @@ Shapes are Llama 3.2 1B's (`--shape`): the MLP's up projection (8,192 x 2,048), 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import statistics
 import sys
 import time
 from collections.abc import Callable
 
-import gguf
-import numpy as np
 import torch
 
 from benchmarks.record import save_result
-from sarathi.model import kernels, quantized
+from sarathi.model import kernels, quant_path_tuning
+from sarathi.model.quant_path_tuning import alternating_medians, copies_past_cache, random_weight
 
 SHAPES = {"up": (8192, 2048), "down": (2048, 8192), "lm_head": (128256, 2048)}
-
-
-def random_weight(qtype: str, rows: int, cols: int) -> quantized.PackedQuant:
-    """Random valid blocks (float16 fields drawn small, as in the kernel's tests)."""
-    block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
-    rng = np.random.default_rng(0)
-    n = rows * cols // block
-    raw = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
-
-    def halves() -> np.ndarray:
-        return rng.uniform(1e-4, 1e-3, n).astype(np.float16).view(np.uint8).reshape(n, 2)
-
-    d_offset = 208 if qtype == "Q6_K" else 0
-    raw[:, d_offset : d_offset + 2] = halves()
-    if quantized.FORMATS[qtype].offsets:
-        raw[:, 2:4] = halves()
-    t = quantized.QuantizedTensor(qtype, rows, cols, torch.from_numpy(raw.reshape(rows, -1)))
-    return quantized.pack(quantized.unpack(t))
-
-
-STREAM_BYTES = 128 * 2**20  # copies cycled per timed call: well past any L3 of the machines we run on
-
-
-def copies_past_cache(w: quantized.PackedQuant) -> list[quantized.PackedQuant]:
-    """Copies of w in separate memory, enough that each call reads its weight from DRAM, not from cache."""
-    n = max(2, -(-STREAM_BYTES // w.nbytes))
-    fields = ("codes", "d", "dm", "sc", "mc")
-    return [dataclasses.replace(w, **{f: getattr(w, f).clone() for f in fields}) for _ in range(n)]
 
 
 def median_seconds(fn, repeats: int) -> float:
@@ -71,20 +41,6 @@ def median_seconds(fn, repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def alternating_medians(a, b, repeats: int) -> tuple[float, float, float]:
-    """Median seconds of a and of b, called in turn, and the median of their per-pair ratio a / b (pairs
-    taken moments apart, so a drifting memory rate cancels out of the ratio)."""
-    a(), b()
-    ta, tb = [], []
-    for _ in range(repeats):
-        for fn, times in ((a, ta), (b, tb)):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-    ratio = statistics.median(x / y for x, y in zip(ta, tb, strict=True))
-    return statistics.median(ta), statistics.median(tb), ratio
 
 
 def main() -> int:
@@ -100,6 +56,7 @@ def main() -> int:
     if not kernels.portable_available():
         print("sarathi's CPU kernels do not run here", file=sys.stderr)
         return 1
+    quant_path_tuning.apply()  # the thresholds a loaded model would run with
     # Without AVX512-BF16 the dense path is PyTorch's float32 linear: the quantized kernel is compared to it.
     dense_name = "bf16" if kernels.available() else "fp32"
     rows_list = [int(r) for r in args.rows.split(",")]

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sarathi.simulator.cpu_identity import cpu_identity
+from sarathi.cpu_identity import cpu_identity
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 

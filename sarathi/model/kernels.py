@@ -173,10 +173,21 @@ def quant_gemm(x: torch.Tensor, w: PackedQuant, out: torch.Tensor, int8_rows: in
 
 
 def quant_int8_rows(bits: int) -> int:
-    """Rows of x up to which `quant_gemm` multiplies x in two int8 terms on this CPU, for `bits`-bit codes
+    """Rows of x up to which `quant_gemm` multiplies x in two int8 terms in this process, for `bits`-bit codes
     (more rows: x rounded to bf16, or float32 on the AVX2 path; at the "vnni" level every row count:
-    2**63 - 1)."""
+    2**63 - 1): the machine's measured threshold once a quantized model is loaded, else the kernel's own."""
     return torch.ops.sarathi_kernels.quant_int8_rows(bits)
+
+
+def quant_int8_rows_builtin(bits: int) -> int:
+    """The kernel's own threshold for this CPU kind (measured on a few kinds), which `quant_int8_rows` gives
+    until `set_quant_int8_rows` sets another (`quant_path_tuning` times the machine's own)."""
+    return torch.ops.sarathi_kernels.quant_int8_rows_builtin(bits)
+
+
+def set_quant_int8_rows(bits: int, rows: int) -> None:
+    """Set `quant_int8_rows(bits)` for this process; -1 restores the kernel's own threshold."""
+    torch.ops.sarathi_kernels.set_quant_int8_rows(bits, rows)
 
 
 def quant_linear(x: torch.Tensor, w: PackedQuant) -> torch.Tensor:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from sarathi.config import ModelConfig
-from sarathi.model import kernels
+from sarathi.model import kernels, quant_path_tuning
 from sarathi.model.config import ModelArchConfig
 from sarathi.model.gguf_loader import GGUFCheckpoint
 from sarathi.model.linear import Linear
@@ -93,6 +93,8 @@ def load_model(
     if quantization in LOAD_TIME_FORMATS:
         net.quantize_linear_layers(LOAD_TIME_FORMATS[quantization])
         _log_quantization(net)
+    if net.quantized_layers():
+        quant_path_tuning.apply()  # this machine's int8-path thresholds (timed once per machine)
     net.pack_weights()
     return net.eval(), arch, resolved.tokenizer_dir
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from sarathi.config import EngineConfig
 from sarathi.core.batch_shape import BatchShape
 from sarathi.core.latency_model import LatencyModel
-from sarathi.simulator.cpu_identity import cpu_identity
+from sarathi.cpu_identity import cpu_identity
 from sarathi.simulator.measured import MeasuredLatencyModel, Sample, cross_validate, fit
 
 PROFILE_ENV = "SARATHI_LATENCY_PROFILE"
@@ -65,13 +65,14 @@ def profile_key(config: EngineConfig) -> dict:
     """What a latency profile depends on."""
     import torch
 
-    from sarathi.model import kernels
+    from sarathi.model import kernels, quant_path_tuning
     from sarathi.model.loader import effective_quantization
 
     m, p = config.model, config.parallel
     return {
         "kernels": kernels.source_digest(),
         "kernel_level": kernels.level(),  # SARATHI_KERNELS=avx2 times differently on the same CPU
+        "int8_rows": os.environ.get(quant_path_tuning.ENV, "measured"),  # quant_gemm's thresholds
         "quantization": effective_quantization(m),
         "cpu": cpu_identity().key(),
         "grid_version": GRID_VERSION,

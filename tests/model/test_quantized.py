@@ -56,23 +56,27 @@ def gguf_dequantized(t: quantized.QuantizedTensor) -> torch.Tensor:
 
 
 def takes_int8_path(qtype: str, rows: int) -> bool:
-    """Whether the kernel multiplies `rows` rows of x in two int8 terms on this CPU (the thresholds of
-    csrc/quant_gemm.cpp, by code width and CPU kind; on the AVX2 path csrc/quant_gemm_avx2.cpp's)."""
+    """Whether the kernel multiplies `rows` rows of x in two int8 terms in this process (the machine's
+    measured threshold for the code width once a quantized model is loaded, else the kernel's table)."""
     return rows <= kernels.quant_int8_rows(quantized.FORMATS[qtype].bits)
 
 
 def test_int8_row_thresholds() -> None:
-    """8-bit codes take the int8 path up to at least 32 rows on every CPU; the other widths at least up to 4
-    rows (one-sequence decode) and at most 256; every row count where the int8 path is AVX-512 VNNI and the
-    other the AVX2 build (the "vnni" level)."""
+    """The kernel's own table: 8-bit codes take the int8 path up to at least 32 rows on every CPU kind; the
+    other widths at least up to 4 rows (one-sequence decode) and at most 256; every row count where the int8
+    path is AVX-512 VNNI and the other the AVX2 build (the "vnni" level). The threshold in force is the
+    table's or the machine's measured one (tests/model/test_quant_path_tuning.py), at least 4 rows."""
     if kernels.level() == "vnni":
-        assert all(kernels.quant_int8_rows(bits) == 2**63 - 1 for bits in (4, 5, 6, 8))
+        assert all(kernels.quant_int8_rows_builtin(bits) == 2**63 - 1 for bits in (4, 5, 6, 8))
     else:
-        assert kernels.quant_int8_rows(8) in (32, 128, 256)
+        assert kernels.quant_int8_rows_builtin(8) in (32, 128, 256)
         for bits in (4, 5, 6):
-            assert 4 <= kernels.quant_int8_rows(bits) <= 256
-    with pytest.raises(RuntimeError, match="unsupported code width"):
-        kernels.quant_int8_rows(3)
+            assert 4 <= kernels.quant_int8_rows_builtin(bits) <= 256
+    for bits in (4, 5, 6, 8):
+        assert kernels.quant_int8_rows(bits) >= 4
+    for op in (kernels.quant_int8_rows, kernels.quant_int8_rows_builtin):
+        with pytest.raises(RuntimeError, match="unsupported code width"):
+            op(3)
 
 
 def reference_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

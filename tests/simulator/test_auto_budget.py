@@ -12,9 +12,9 @@ from sarathi.benchmark.profiler import ProfileResult
 from sarathi.benchmark.workload import WorkloadConfig
 from sarathi.config import engine_config
 from sarathi.core.batch_shape import BatchShape
+from sarathi.cpu_identity import parse_cpuinfo
 from sarathi.model import kernels
 from sarathi.simulator import auto_budget, machine_profile
-from sarathi.simulator.cpu_identity import parse_cpuinfo
 from sarathi.simulator.measured import MeasuredLatencyModel
 from sarathi.simulator.mixed_iteration import LoadShape, mixed_iteration_time
 from sarathi.simulator.tune import Candidate, tune

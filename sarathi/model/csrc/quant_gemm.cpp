@@ -7,7 +7,8 @@
 // sub-block, k-quants only). The scales are applied once per sub-block:
 //     sum_k w x = s * sum_k (q - z) x + m * sum_k x.
 // Two paths multiply the codes, both over exactly the file's values:
-// - a few rows of x (M <= vnni_up_to_rows(bits), 4 to 256 by code width and CPU: decode, short prefills): x, as given (float32 or bf16, read in
+// - a few rows of x (M <= quant_int8_rows(bits): timed on the machine, else 4 to 256 by code width and CPU kind;
+//   decode, short prefills): x, as given (float32 or bf16, read in
 //   place, quantized into a per-thread buffer), is split into two int8 terms per 32 positions (QuantizedRows: 16 bits of resolution, where one int8 term is too coarse for our contract),
 //   and VPDPBUSD sums 4 code x int8 products per lane in int32, twice; one conversion to float32 per
 //   sub-block. This reads the weight once at near the memory's speed (codes are never widened past bytes).
@@ -38,6 +39,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cpuid.h>
 #include <cstdlib>
@@ -466,8 +468,8 @@ CpuKind cpu_kind() {
   return family >= 0x1A ? CpuKind::kAmdZen5OrLater : CpuKind::kOther;  // 0x1A: Zen5, full-width 512-bit units
 }
 
-// Rows of x up to which the int8 (VPDPBUSD) path runs, by code width and CPU kind; more rows take the bf16
-// path. Both paths timed on the same weights (8,192 x 2,048 and its transpose, from memory, 2 threads;
+// Rows of x up to which the int8 (VPDPBUSD) path runs, by code width and CPU kind, where the machine's own
+// timing (set_quant_int8_rows) is not set; more rows take the bf16 path. Both paths timed on the same weights (8,192 x 2,048 and its transpose, from memory, 2 threads;
 // `benchmarks/quant_kernel.py --both-paths`):
 // - AMD Zen4 (and other CPUs): 8-bit codes, read without decoding, up to 32; other widths 4 (the bf16 path
 //   was the faster above 4 rows).
@@ -507,14 +509,39 @@ bool cpu_vnni_only() {
          __builtin_cpu_supports("avx512vnni");
 }
 
-// Rows of x up to which quant_gemm multiplies x in two int8 terms on this CPU (more rows: bf16 x on the
-// AVX-512 path, float32 x on the AVX2 path), for codes of `bits` bits.
-int64_t quant_int8_rows(int64_t bits) {
-  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "quant_int8_rows: unsupported code width ", bits);
+namespace {
+
+// Per code width (4, 5, 6, 8 bits), the threshold set with set_quant_int8_rows; -1: the built-in one.
+std::atomic<int64_t> g_int8_rows_set[4] = {-1, -1, -1, -1};
+
+int width_index(int64_t bits, const char* op) {
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, op, ": unsupported code width ", bits);
+  return bits == 8 ? 3 : static_cast<int>(bits) - 4;
+}
+
+}  // namespace
+
+// The threshold the kernel carries for this CPU kind (the tables above), for codes of `bits` bits.
+int64_t quant_int8_rows_builtin(int64_t bits) {
+  width_index(bits, "quant_int8_rows_builtin");
   // asked once: quant_gemm calls this on every product
   static const bool avx512 = cpu_supported(), vnni_only = cpu_vnni_only();
   if (avx512) return vnni_up_to_rows(bits);
   return vnni_only ? kEveryRow : int8_up_to_rows_avx2(bits);
+}
+
+// Rows of x up to which quant_gemm multiplies x in two int8 terms in this process (more rows: bf16 x on the
+// AVX-512 path, float32 x on the AVX2 path), for codes of `bits` bits: the value set for this machine
+// (sarathi/model/quant_path_tuning.py times both paths), else the built-in one.
+int64_t quant_int8_rows(int64_t bits) {
+  const int64_t set = g_int8_rows_set[width_index(bits, "quant_int8_rows")].load(std::memory_order_relaxed);
+  return set >= 0 ? set : quant_int8_rows_builtin(bits);
+}
+
+// Sets quant_int8_rows(bits) for this process; -1 restores the built-in threshold.
+void set_quant_int8_rows(int64_t bits, int64_t rows) {
+  TORCH_CHECK(rows >= -1, "set_quant_int8_rows: rows must be -1 (the built-in threshold) or a row count");
+  g_int8_rows_set[width_index(bits, "set_quant_int8_rows")].store(rows, std::memory_order_relaxed);
 }
 
 // x [M, K] bf16 or float32; codes uint8 [tiles, K/32, bytes]; d, dm float16 [tiles, supers, 16] (dm empty
@@ -616,6 +643,8 @@ TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
   lib.def("cpu_portable_supported() -> bool", &cpu_portable_supported);
   lib.def("cpu_vnni_only() -> bool", &cpu_vnni_only);
   lib.def("quant_int8_rows(int bits) -> int", &quant_int8_rows);
+  lib.def("quant_int8_rows_builtin(int bits) -> int", &quant_int8_rows_builtin);
+  lib.def("set_quant_int8_rows(int bits, int rows) -> ()", &set_quant_int8_rows);
   lib.def("quant_linear(Tensor x, Tensor codes, Tensor d, Tensor sc, Tensor dm, Tensor mc, int bits, int sub, int zero, "
           "int n) -> Tensor",
           &quant_linear);

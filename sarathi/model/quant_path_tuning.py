@@ -1,0 +1,264 @@
+"""quant_gemm's int8-path threshold per code width, timed on this machine.
+
+`quant_gemm` has two paths, both over exactly the file's codes: up to `kernels.quant_int8_rows(bits)` rows of
+x it multiplies x in two int8 terms (VPDPBUSD; VPMADDUBSW on the AVX2 builds), more rows decode each chunk of
+codes to bf16 (float32 on the AVX2 builds) once and reuse it for every row. Where the two cross depends on the
+core, not only on its instruction set: with the same AVX-512 VNNI and BF16, a Zen4 found the tile path the
+faster above 4 rows of 4-bit codes and a Zen5 the int8 path up to 128. The kernel carries a table for the CPU
+kinds we measured (`quant_int8_rows_builtin`); this module times both paths on the machine at hand instead:
+
+- weights at Llama 3.2 1B's MLP shapes (8,192 x 2,048 and its transpose), every format of a code width,
+  cycled from memory (copies past the last-level cache), at 8, 16, ..., 256 rows of x, the two paths called
+  in turn (a drifting memory rate cancels out of each pair);
+- a width's threshold is the most rows up to which the int8 path, summed over the width's formats and both
+  shapes, took no longer than the tile path at every step; at least 4 (a decode's few rows: the int8 path
+  streams the codes undecoded, the reason it exists);
+- the choice is kept in the cache folder, keyed by the CPU, the kernel build and the kernel level, so every
+  process on the machine takes the same one; `apply()` (called by the loader for a quantized model) times it
+  on first use, a few seconds once, and sets it in the kernel.
+
+`SARATHI_INT8_ROWS=builtin` keeps the kernel's table. At the "vnni" level the int8 path is the only AVX-512
+one and takes every row count: nothing to time. `python -m sarathi.model.quant_path_tuning [--again]` prints
+this machine's choice with the timings behind it (and times it again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fcntl
+import hashlib
+import itertools
+import json
+import logging
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+from sarathi.cpu_identity import cpu_identity
+from sarathi.model import kernels, quantized
+from sarathi.model.embedded import cache_root
+
+logger = logging.getLogger(__name__)
+
+#: The formats timed for each code width (the widths the kernel's threshold is kept by).
+WIDTH_FORMATS = {4: ("Q4_0", "Q4_1", "Q4_K"), 5: ("Q5_0", "Q5_K"), 6: ("Q6_K",), 8: ("Q8_0",)}
+#: Llama 3.2 1B's MLP: the up projection (outputs, inputs) and the down projection.
+SHAPES = {"up": (8192, 2048), "down": (2048, 8192)}
+ROW_STEPS = (8, 16, 32, 64, 128, 256)
+MIN_ROWS = 4
+PAIRS = 3
+# A format whose int8 path takes this much longer than its tile path is not timed at more rows (it only
+# falls further behind as rows grow), which keeps the timing to seconds where the crossover is low.
+CLEARLY_SLOWER = 1.25
+STREAM_BYTES = 128 * 2**20  # copies cycled per timed call: well past any L3 of the machines we run on
+ENV = "SARATHI_INT8_ROWS"
+
+
+def random_weight(qtype: str, rows: int, cols: int) -> quantized.PackedQuant:
+    """A weight of random valid blocks in the kernel's layout (float16 fields drawn small)."""
+    block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
+    rng = np.random.default_rng(0)
+    n = rows * cols // block
+    raw = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
+
+    def halves() -> np.ndarray:
+        return rng.uniform(1e-4, 1e-3, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+
+    d_offset = 208 if qtype == "Q6_K" else 0
+    raw[:, d_offset : d_offset + 2] = halves()
+    if quantized.FORMATS[qtype].offsets:
+        raw[:, 2:4] = halves()
+    t = quantized.QuantizedTensor(qtype, rows, cols, torch.from_numpy(raw.reshape(rows, -1)))
+    return quantized.pack(quantized.unpack(t))
+
+
+def copies_past_cache(w: quantized.PackedQuant) -> list[quantized.PackedQuant]:
+    """Copies of w in separate memory, enough that each call reads its weight from DRAM, not from cache."""
+    n = max(2, -(-STREAM_BYTES // w.nbytes))
+    fields = ("codes", "d", "dm", "sc", "mc")
+    return [dataclasses.replace(w, **{f: getattr(w, f).clone() for f in fields}) for _ in range(n)]
+
+
+def alternating_medians(
+    a: Callable[[], object], b: Callable[[], object], repeats: int
+) -> tuple[float, float, float]:
+    """Median seconds of a and of b, called in turn, and the median of their per-pair ratio a / b (pairs
+    taken moments apart, so a drifting memory rate cancels out of the ratio)."""
+    a(), b()
+    ta, tb = [], []
+    for _ in range(repeats):
+        for fn, times in ((a, ta), (b, tb)):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    ratio = statistics.median(x / y for x, y in zip(ta, tb, strict=True))
+    return statistics.median(ta), statistics.median(tb), ratio
+
+
+@dataclass(frozen=True)
+class PathTiming:
+    """Both paths' median time for one format, shape and row count."""
+
+    format: str
+    shape: str
+    rows: int
+    int8_ms: float
+    tile_ms: float
+
+
+@dataclass
+class Int8Rows:
+    """This machine's threshold per code width, the timings behind it, and what it is keyed on."""
+
+    rows: dict[int, int]
+    timings: list[PathTiming]
+    seconds: float
+    key: dict
+
+    def to_json(self) -> dict:
+        return {
+            "key": self.key,
+            "rows": {str(b): r for b, r in self.rows.items()},
+            "seconds": round(self.seconds, 1),
+            "timings": [dataclasses.asdict(t) for t in self.timings],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> Int8Rows:
+        return cls(
+            rows={int(b): int(r) for b, r in d["rows"].items()},
+            timings=[PathTiming(**t) for t in d["timings"]],
+            seconds=float(d["seconds"]),
+            key=d["key"],
+        )
+
+
+def threshold(timings: list[PathTiming], formats: tuple[str, ...]) -> int:
+    """The most rows (a step of ROW_STEPS, at least MIN_ROWS) up to which the int8 path, summed over
+    `formats` and SHAPES, took no longer than the tile path at every step; a step where any of them went
+    untimed ends it."""
+    best = MIN_ROWS
+    for rows in ROW_STEPS:
+        at = [t for t in timings if t.rows == rows and t.format in formats]
+        if len(at) < len(formats) * len(SHAPES) or sum(t.int8_ms for t in at) > sum(t.tile_ms for t in at):
+            break
+        best = rows
+    return best
+
+
+def measure(progress: Callable[[str], None] | None = None) -> Int8Rows:
+    """Time both paths of `quant_gemm` here and choose each code width's threshold."""
+    start = time.perf_counter()
+    timings: list[PathTiming] = []
+    for qtype, shape in itertools.product(itertools.chain(*WIDTH_FORMATS.values()), SHAPES):
+        n, k = SHAPES[shape]
+        ring = itertools.cycle(copies_past_cache(random_weight(qtype, n, k)))
+        for rows in ROW_STEPS:
+            x, out = torch.randn(rows, k), torch.empty(rows, n)
+
+            def path(int8_rows: int, x=x, out=out, ring=ring) -> Callable[[], None]:
+                return lambda: kernels.quant_gemm(x, next(ring), out, int8_rows=int8_rows)
+
+            int8_s, tile_s, ratio = alternating_medians(path(rows), path(0), PAIRS)
+            timings.append(PathTiming(qtype, shape, rows, round(int8_s * 1e3, 3), round(tile_s * 1e3, 3)))
+            if progress is not None:
+                progress(f"{qtype:5s} {shape:5s} {rows:4d} rows: int8 path {ratio:.2f}x the tile path's time")
+            if ratio > CLEARLY_SLOWER:
+                break
+        del ring
+    rows_by_width = {bits: threshold(timings, formats) for bits, formats in WIDTH_FORMATS.items()}
+    return Int8Rows(rows_by_width, timings, time.perf_counter() - start, tuning_key())
+
+
+def tuning_key() -> dict:
+    """What a measured choice depends on: the CPU, the kernels' build and the level they run at."""
+    return {"cpu": cpu_identity().key(), "kernels": kernels.source_digest(), "kernel_level": kernels.level()}
+
+
+def cached_path() -> Path:
+    digest = hashlib.sha256(json.dumps(tuning_key(), sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root() / "int8-rows" / f"{digest}.json"
+
+
+def load_or_measure(again: bool = False, progress: Callable[[str], None] | None = None) -> Int8Rows:
+    """This machine's cached choice, else (or with `again`) a new measurement, cached. Processes starting
+    together wait for one measurement (a file lock) rather than time the paths against each other."""
+    path = cached_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists() and not again:
+            try:
+                return Int8Rows.from_json(json.loads(path.read_text()))
+            except (ValueError, KeyError, TypeError) as exc:
+                logger.warning("ignoring an unreadable int8-path threshold file %s (%s)", path, exc)
+        logger.warning(
+            "timing quant_gemm's two paths on this CPU to choose its int8-path thresholds (once per machine "
+            "and kernel build, seconds; %s=builtin keeps the kernel's table)",
+            ENV,
+        )
+        tuned = measure(progress)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(tuned.to_json(), indent=1))
+        tmp.replace(path)
+        return tuned
+
+
+_lock = threading.Lock()
+_applied: dict[str, dict[int, int] | None] = {}
+
+
+def apply() -> dict[int, int] | None:
+    """Set this machine's measured thresholds in the kernel (timing them first where none are cached), once
+    per process; the thresholds set, or None where the kernel's own stand (`SARATHI_INT8_ROWS=builtin`, the
+    "vnni" level, no quantized kernels)."""
+    with _lock:
+        if "rows" in _applied:
+            return _applied["rows"]
+        choice = os.environ.get(ENV, "measured")
+        if choice not in ("measured", "builtin"):
+            raise ValueError(f"{ENV} must be 'measured' (the default) or 'builtin', not {choice!r}")
+        rows = None
+        if choice == "measured" and kernels.level() in ("full", "avx2"):
+            rows = load_or_measure().rows
+            for bits, r in rows.items():
+                kernels.set_quant_int8_rows(bits, r)
+            logger.info("quant_gemm's int8 path up to %s rows (by code width, measured here)", rows)
+        _applied["rows"] = rows
+        return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--again", action="store_true", help="time both paths again, replacing the kept choice")
+    args = p.parse_args()
+    if kernels.level() not in ("full", "avx2"):
+        print(f"nothing to time at kernel level {kernels.level()!r}")
+        return 0
+    tuned = load_or_measure(again=args.again, progress=print)
+    ratios: dict[tuple[str, int], list[float]] = {}
+    for t in tuned.timings:
+        ratios.setdefault((t.format, t.rows), []).append(t.int8_ms / t.tile_ms)
+    print(f"{cpu_identity().label()}, kernel level {kernels.level()}; timed in {tuned.seconds:.1f} s")
+    print("int8 path / tile path, time (mean over shapes):")
+    print("format " + "".join(f"{r:>7d}" for r in ROW_STEPS))
+    for qtype in itertools.chain(*WIDTH_FORMATS.values()):
+        cells = [ratios.get((qtype, r)) for r in ROW_STEPS]
+        print(f"{qtype:6s} " + "".join(f"{statistics.mean(c):7.2f}" if c else "      -" for c in cells))
+    builtin = {b: kernels.quant_int8_rows_builtin(b) for b in WIDTH_FORMATS}
+    print(f"thresholds by code width: {tuned.rows} (the kernel's table: {builtin})")
+    print(f"kept in {cached_path()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""quant_gemm's int8-path thresholds timed on this machine: the choice rule, the kernel's setting, the cache
+(keyed by CPU, kernel build and level), `SARATHI_INT8_ROWS`, and a loaded quantized model running with it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sarathi.model import kernels, quant_path_tuning
+from sarathi.model.loader import load_model
+from sarathi.model.quant_path_tuning import MIN_ROWS, ROW_STEPS, SHAPES, Int8Rows, PathTiming, threshold
+
+pytestmark = pytest.mark.skipif(
+    not kernels.portable_available(), reason="sarathi's CPU kernels do not run here"
+)
+WIDTHS = (4, 5, 6, 8)
+
+
+@pytest.fixture
+def restores_thresholds():
+    """Puts back the process's thresholds and apply()'s memo after a test that changes them."""
+    before = {b: kernels.quant_int8_rows(b) for b in WIDTHS}
+    applied = dict(quant_path_tuning._applied)
+    yield
+    for b in WIDTHS:
+        kernels.set_quant_int8_rows(b, -1 if before[b] == kernels.quant_int8_rows_builtin(b) else before[b])
+    quant_path_tuning._applied.clear()
+    quant_path_tuning._applied.update(applied)
+
+
+def timings(ratios: dict[str, list[float]]) -> list[PathTiming]:
+    """Both shapes of each format at ROW_STEPS, the tile path 1 ms, the int8 path the given ratio."""
+    return [
+        PathTiming(fmt, shape, rows, ratio, 1.0)
+        for fmt, per_step in ratios.items()
+        for shape in SHAPES
+        for rows, ratio in zip(ROW_STEPS, per_step, strict=False)
+    ]
+
+
+def test_threshold_is_the_last_step_the_int8_path_wins_summed_over_formats() -> None:
+    # Q4_0 behind at 64 rows, but the three formats summed still ahead there; behind at 128
+    four = {
+        "Q4_0": [0.8, 0.9, 1.0, 1.1, 1.2, 1.3],
+        "Q4_1": [0.8, 0.8, 0.8, 0.8, 1.0, 1.0],
+        "Q4_K": [0.8, 0.8, 0.8, 0.9, 0.95, 1.0],
+    }
+    assert threshold(timings(four), ("Q4_0", "Q4_1", "Q4_K")) == 64
+    # behind already at 8 rows: the floor
+    assert threshold(timings({"Q6_K": [1.1, 1.3]}), ("Q6_K",)) == MIN_ROWS
+    # ahead at every step: the last one
+    assert threshold(timings({"Q8_0": [0.5] * 6}), ("Q8_0",)) == ROW_STEPS[-1]
+    # a format timed no further (clearly behind at 16 rows) ends the width at the first step it missed
+    five = {"Q5_0": [0.9, 1.3], "Q5_K": [0.5] * 6}
+    assert threshold(timings(five), ("Q5_0", "Q5_K")) == 16
+    # ahead again after falling behind does not count
+    assert threshold(timings({"Q8_0": [0.9, 1.1, 0.9, 0.9, 0.9, 0.9]}), ("Q8_0",)) == 8
+
+
+def test_a_set_threshold_routes_quant_gemm_and_minus_one_restores_the_table(restores_thresholds) -> None:
+    w = quant_path_tuning.random_weight("Q4_K", 48, 512)
+    x = torch.randn(12, 512)
+    outs = {}
+    for int8_rows in (12, 0):
+        outs[int8_rows] = torch.empty(12, 48)
+        kernels.quant_gemm(x, w, outs[int8_rows], int8_rows=int8_rows)
+    assert not torch.equal(outs[12], outs[0])  # the two paths round x differently
+    for rows, path in ((12, 12), (11, 0)):
+        kernels.set_quant_int8_rows(4, rows)
+        assert kernels.quant_int8_rows(4) == rows
+        out = torch.empty(12, 48)
+        kernels.quant_gemm(x, w, out)
+        assert torch.equal(out, outs[path])
+    kernels.set_quant_int8_rows(4, -1)
+    assert kernels.quant_int8_rows(4) == kernels.quant_int8_rows_builtin(4)
+    with pytest.raises(RuntimeError, match="rows must be -1"):
+        kernels.set_quant_int8_rows(4, -2)
+    with pytest.raises(RuntimeError, match="unsupported code width"):
+        kernels.set_quant_int8_rows(7, 8)
+
+
+@pytest.mark.skipif(kernels.level() == "vnni", reason="the vnni level times nothing")
+def test_apply_sets_the_kept_choice_once_per_process(tmp_path, monkeypatch, restores_thresholds) -> None:
+    monkeypatch.setenv("SARATHI_CACHE_DIR", str(tmp_path))
+    kept = Int8Rows({4: 16, 5: 8, 6: 4, 8: 64}, [], 1.0, quant_path_tuning.tuning_key())
+    path = quant_path_tuning.cached_path()
+    assert path.is_relative_to(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(kept.to_json()))
+    quant_path_tuning._applied.clear()
+    assert quant_path_tuning.apply() == kept.rows
+    assert {b: kernels.quant_int8_rows(b) for b in WIDTHS} == kept.rows
+    path.unlink()  # the process's choice is made: nothing is read or timed again
+    assert quant_path_tuning.apply() == kept.rows
+    assert not path.exists()
+
+
+def test_builtin_keeps_the_kernels_table_and_other_values_are_refused(monkeypatch, restores_thresholds):
+    for b in WIDTHS:
+        kernels.set_quant_int8_rows(b, -1)
+    quant_path_tuning._applied.clear()
+    monkeypatch.setenv("SARATHI_INT8_ROWS", "builtin")
+    assert quant_path_tuning.apply() is None
+    assert all(kernels.quant_int8_rows(b) == kernels.quant_int8_rows_builtin(b) for b in WIDTHS)
+    quant_path_tuning._applied.clear()
+    monkeypatch.setenv("SARATHI_INT8_ROWS", "fast")
+    with pytest.raises(ValueError, match=r"SARATHI_INT8_ROWS must be 'measured'.*'fast'"):
+        quant_path_tuning.apply()
+
+
+def test_a_key_names_the_cpu_the_kernel_build_and_the_level() -> None:
+    key = quant_path_tuning.tuning_key()
+    assert key["kernels"] == kernels.source_digest()
+    assert key["kernel_level"] == kernels.level()
+    assert {"vendor", "family", "model", "flags"} <= set(key["cpu"])
+
+
+@pytest.mark.skipif(kernels.level() == "vnni", reason="the vnni level times nothing")
+def test_a_loaded_quantized_model_runs_with_this_machines_measured_choice() -> None:
+    """The embedded model, served in its own Q4_1 blocks, sets the thresholds this machine's timing chose
+    (timed here if not yet kept: seconds); each is the rule's reading of the kept timings."""
+    load_model(None, quantization="gguf")
+    tuned = quant_path_tuning.load_or_measure()
+    assert tuned.key == quant_path_tuning.tuning_key()
+    for bits, formats in quant_path_tuning.WIDTH_FORMATS.items():
+        assert tuned.rows[bits] in (MIN_ROWS, *ROW_STEPS)
+        assert tuned.rows[bits] == threshold(tuned.timings, formats)
+        assert kernels.quant_int8_rows(bits) == tuned.rows[bits]
+    first = [t for t in tuned.timings if t.rows == ROW_STEPS[0]]
+    assert {(t.format, t.shape) for t in first} == {
+        (f, s) for fs in quant_path_tuning.WIDTH_FORMATS.values() for f in fs for s in SHAPES
+    }
+    assert all(t.int8_ms > 0 and t.tile_ms > 0 for t in tuned.timings)
