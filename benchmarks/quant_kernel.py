@@ -13,11 +13,13 @@ Shapes are Llama 3.2 1B's (`--shape`): the MLP's up projection (8,192 x 2,048), 
 (2,048 x 8,192) and the tied LM head (128,256 x 2,048). Random codes; results saved with the machine:
 
     python -m benchmarks.quant_kernel [--formats Q8_0,Q4_K,Q6_K] [--rows 1,4,8,32] [--both-paths]
+    python -m benchmarks.quant_kernel --thresholds   # the timing behind quant_int8_rows, saved
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import statistics
 import sys
@@ -43,6 +45,17 @@ def median_seconds(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def save_thresholds() -> int:
+    """`quant_path_tuning.measure` once more (the kept choice is left as it is), saved as a record."""
+    tuned = quant_path_tuning.measure(progress=print)
+    builtin = {b: kernels.quant_int8_rows_builtin(b) for b in quant_path_tuning.WIDTH_FORMATS}
+    print(f"thresholds by code width: {tuned.rows} (the kernel's table: {builtin}), {tuned.seconds:.1f} s")
+    rows = [dataclasses.asdict(t) for t in tuned.timings]
+    settings = {"thresholds": tuned.rows, "builtin": builtin, "seconds": round(tuned.seconds, 1)}
+    print(f"saved {save_result('quant_path_tuning', rows, settings)}")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--formats", default="Q8_0,Q4_0,Q4_K,Q6_K")
@@ -52,10 +65,17 @@ def main() -> int:
     p.add_argument(
         "--both-paths", action="store_true", help="also time the int8 and tile paths at every row count"
     )
+    p.add_argument(
+        "--thresholds",
+        action="store_true",
+        help="only time the two paths the way a first quantized model load does, and save that record",
+    )
     args = p.parse_args()
     if not kernels.portable_available():
         print("sarathi's CPU kernels do not run here", file=sys.stderr)
         return 1
+    if args.thresholds:
+        return save_thresholds()
     quant_path_tuning.apply()  # the thresholds a loaded model would run with
     # Without AVX512-BF16 the dense path is PyTorch's float32 linear: the quantized kernel is compared to it.
     dense_name = "bf16" if kernels.available() else "fp32"

@@ -17,8 +17,8 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 def machine_info() -> dict:
     """CPU name and identity (vendor, family, model, ISA flags: a virtual machine's name is often just
-    "AMD EPYC"), core count, memory, Python and torch versions, and which of our kernels ran (where the
-    benchmark used them)."""
+    "AMD EPYC"), core count, memory, Python and torch versions, and which of our kernels ran with which
+    int8-path thresholds (where the benchmark used them)."""
     cpu = cpu_identity()
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     import torch
@@ -37,7 +37,12 @@ def machine_info() -> dict:
 def _kernels_status() -> dict:
     kernels = sys.modules.get("sarathi.model.kernels")  # only where the benchmark loaded them
     status = kernels.status() if kernels is not None else None
-    return {"kernels": status} if status else {}
+    if not status:
+        return {}
+    if not kernels.portable_available():
+        return {"kernels": status}
+    # quant_gemm's int8-path threshold by code width, as the benchmark ran (measured here, or the table)
+    return {"kernels": status, "int8_rows": {bits: kernels.quant_int8_rows(bits) for bits in (4, 5, 6, 8)}}
 
 
 def git_commit() -> str:
