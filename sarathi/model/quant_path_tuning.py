@@ -25,6 +25,7 @@ this machine's choice with the timings behind it (and times it again).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
@@ -193,8 +194,13 @@ def load_or_measure(again: bool = False, progress: Callable[[str], None] | None 
     """This machine's cached choice, else (or with `again`) a new measurement, cached. Processes starting
     together wait for one measurement (a file lock) rather than time the paths against each other."""
     path = cached_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
+    with contextlib.ExitStack() as stack:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = stack.enter_context(open(path.with_suffix(".lock"), "w"))
+        except OSError as exc:  # e.g. a read-only cache folder: time the paths for this process alone
+            logger.warning("cannot keep quant_gemm's thresholds in %s (%s): timed for now", path, exc)
+            return measure(progress)
         fcntl.flock(lock, fcntl.LOCK_EX)
         if path.exists() and not again:
             try:
@@ -208,8 +214,11 @@ def load_or_measure(again: bool = False, progress: Callable[[str], None] | None 
         )
         tuned = measure(progress)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(tuned.to_json(), indent=1))
-        tmp.replace(path)
+        try:
+            tmp.write_text(json.dumps(tuned.to_json(), indent=1))
+            tmp.replace(path)
+        except OSError as exc:
+            logger.warning("cannot keep quant_gemm's thresholds in %s (%s): timed for now", path, exc)
         return tuned
 
 
@@ -229,10 +238,14 @@ def apply() -> dict[int, int] | None:
             raise ValueError(f"{ENV} must be 'measured' (the default) or 'builtin', not {choice!r}")
         rows = None
         if choice == "measured" and kernels.level() in ("full", "avx2"):
-            rows = load_or_measure().rows
-            for bits, r in rows.items():
-                kernels.set_quant_int8_rows(bits, r)
-            logger.info("quant_gemm's int8 path up to %s rows (by code width, measured here)", rows)
+            try:
+                rows = load_or_measure().rows
+            except Exception as exc:  # a failed timing must not keep a model from loading
+                logger.warning("timing quant_gemm's paths failed (%s): the kernel's table stands", exc)
+            else:
+                for bits, r in rows.items():
+                    kernels.set_quant_int8_rows(bits, r)
+                logger.info("quant_gemm's int8 path up to %s rows (by code width, measured here)", rows)
         _applied["rows"] = rows
         return rows
 

@@ -110,6 +110,35 @@ def test_builtin_keeps_the_kernels_table_and_other_values_are_refused(monkeypatc
         quant_path_tuning.apply()
 
 
+@pytest.mark.skipif(kernels.level() == "vnni", reason="the vnni level times nothing")
+def test_a_cache_folder_it_cannot_write_still_gets_this_processs_timing(
+    tmp_path, monkeypatch, restores_thresholds
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("SARATHI_CACHE_DIR", str(tmp_path / "a-file" / "cache"))  # mkdir fails under a file
+    timed = Int8Rows({4: 32, 5: 16, 6: 8, 8: 128}, [], 1.0, quant_path_tuning.tuning_key())
+    monkeypatch.setattr(quant_path_tuning, "measure", lambda progress=None: timed)
+    quant_path_tuning._applied.clear()
+    assert quant_path_tuning.apply() == timed.rows
+    assert {b: kernels.quant_int8_rows(b) for b in WIDTHS} == timed.rows
+
+
+@pytest.mark.skipif(kernels.level() == "vnni", reason="the vnni level times nothing")
+def test_a_failed_timing_leaves_the_kernels_table(tmp_path, monkeypatch, restores_thresholds, caplog) -> None:
+    monkeypatch.setenv("SARATHI_CACHE_DIR", str(tmp_path))
+
+    def fails(progress=None):
+        raise MemoryError("no room for the weight copies")
+
+    monkeypatch.setattr(quant_path_tuning, "measure", fails)
+    for b in WIDTHS:
+        kernels.set_quant_int8_rows(b, -1)
+    quant_path_tuning._applied.clear()
+    assert quant_path_tuning.apply() is None
+    assert all(kernels.quant_int8_rows(b) == kernels.quant_int8_rows_builtin(b) for b in WIDTHS)
+    assert "no room for the weight copies" in caplog.text
+
+
 def test_a_key_names_the_cpu_the_kernel_build_and_the_level() -> None:
     key = quant_path_tuning.tuning_key()
     assert key["kernels"] == kernels.source_digest()
