@@ -237,9 +237,17 @@ def pack(u: Unpacked) -> PackedQuant:
     quads = quads.reshape(tiles, cols // GROUP, GROUP // 4, 4 * TILE)
     if fmt.bits == 8:
         packed = quads.reshape(tiles, cols // GROUP, -1)
+    elif fmt.bits == 6:
+        # rows 0-3: quad r's whole code, bits 4-5 of quad r + 4's in its top two bits; rows 4-5: the low
+        # nibbles of quads 4 | 5 << 4 and 6 | 7 << 4. One instruction per quad for quads 0-3, three or four
+        # for 4-7, where two bit planes took four for every quad.
+        whole = (quads[:, :, :4] & 0x3F) | ((quads[:, :, 4:] >> 4) << 6)
+        nibbles = (quads[:, :, 4:8:2] & 0x0F) | ((quads[:, :, 5:8:2] & 0x0F) << 4)
+        groups = (tiles, cols // GROUP, -1)
+        packed = np.concatenate([whole.reshape(groups), nibbles.reshape(groups)], axis=-1)
     else:
-        # quad r (r < 4) in the low nibbles of row r, quad r + 4 in its high nibbles; then one 64-byte plane
-        # per code bit above the fourth, whose bit r is that bit of quad r
+        # quad r (r < 4) in the low nibbles of row r, quad r + 4 in its high nibbles; then (5-bit codes) a
+        # 64-byte plane whose bit r is bit 4 of quad r
         low = (quads[:, :, :4] & 0x0F) | ((quads[:, :, 4:] & 0x0F) << 4)
         parts = [low.reshape(tiles, cols // GROUP, -1)]
         for bit in range(4, fmt.bits):

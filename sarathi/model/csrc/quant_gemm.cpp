@@ -23,7 +23,8 @@
 // 4r + i (the operand VPDPBUSD multiplies against four broadcast int8 activations).
 //   4-bit: 256 bytes; byte b of row r (r < 4) = quad r's code | quad (r + 4)'s code << 4
 //   5-bit: those 256 bytes, then a 64-byte plane whose bit r of byte b = bit 4 of quad r's code b
-//   6-bit: as 5-bit, then a second plane for bit 5
+//   6-bit: 384 bytes; byte b of row r (r < 4) = quad r's code | bits 4-5 of quad (r + 4)'s code << 6; rows 4
+//          and 5 = the low nibbles of quads 4 | 5 << 4 and 6 | 7 << 4 (bit planes took twice the instructions)
 //   8-bit: the 8 quads, 512 bytes, each code q - z + 128 (unsigned).
 // Scales: d, dm float16 [tiles, super-blocks, 16]; sc int8 and mc uint8 [tiles, sub-blocks, 16].
 
@@ -66,18 +67,20 @@ template <int BITS>
 __attribute__((target("avx512f,avx512bw"))) inline __m512i quad_codes(const uint8_t* codes, int r) {
   if constexpr (BITS == 8) {
     return _mm512_loadu_si512(codes + 64 * r);
+  } else if constexpr (BITS == 6) {
+    const __m512i whole = _mm512_loadu_si512(codes + 64 * (r & 3));
+    if (r < 4) return _mm512_and_si512(whole, _mm512_set1_epi8(0x3F));
+    const __m512i packed = _mm512_loadu_si512(codes + 256 + 64 * ((r - 4) / 2));
+    const __m512i low = _mm512_and_si512(r % 2 ? _mm512_srli_epi16(packed, 4) : packed, _mm512_set1_epi8(0x0F));
+    // low | (bits 6-7 of `whole` moved to 4-5); the mask drops what else the 16-bit shift brings
+    return _mm512_ternarylogic_epi32(low, _mm512_srli_epi16(whole, 2), _mm512_set1_epi8(0x30), 0xF8);  // a | (b & c)
   } else {
     const __m512i packed = _mm512_loadu_si512(codes + 64 * (r & 3));
     const __m512i nibble = _mm512_set1_epi8(0x0F);
     __m512i q = r < 4 ? _mm512_and_si512(packed, nibble) : _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
-    const __m512i bit_r = _mm512_set1_epi8(static_cast<char>(1 << r));
-    if constexpr (BITS >= 5) {
-      const __mmask64 hi = _mm512_test_epi8_mask(_mm512_loadu_si512(codes + 256), bit_r);
+    if constexpr (BITS == 5) {
+      const __mmask64 hi = _mm512_test_epi8_mask(_mm512_loadu_si512(codes + 256), _mm512_set1_epi8(static_cast<char>(1 << r)));
       q = _mm512_mask_add_epi8(q, hi, q, _mm512_set1_epi8(16));
-    }
-    if constexpr (BITS == 6) {
-      const __mmask64 hi = _mm512_test_epi8_mask(_mm512_loadu_si512(codes + 320), bit_r);
-      q = _mm512_mask_add_epi8(q, hi, q, _mm512_set1_epi8(32));
     }
     return q;
   }

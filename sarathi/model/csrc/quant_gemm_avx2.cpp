@@ -134,14 +134,18 @@ inline __m256i quad_half(const uint8_t* codes, int r, int h) {
   if constexpr (BITS == 8) {
     return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * r + 32 * h)),
                             _mm256_set1_epi8(static_cast<char>(0x80)));
+  } else if constexpr (BITS == 6) {  // the layout in quant_gemm.cpp's header
+    const __m256i whole = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * (r & 3) + 32 * h));
+    if (r < 4) return _mm256_and_si256(whole, _mm256_set1_epi8(0x3F));
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 256 + 64 * ((r - 4) / 2) + 32 * h));
+    const __m256i low = _mm256_and_si256(r % 2 ? _mm256_srli_epi16(packed, 4) : packed, _mm256_set1_epi8(0x0F));
+    return _mm256_or_si256(low, _mm256_and_si256(_mm256_srli_epi16(whole, 2), _mm256_set1_epi8(0x30)));
   } else {
     const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * (r & 3) + 32 * h));
     const __m256i nibble = _mm256_set1_epi8(0x0F);
     __m256i q = r < 4 ? _mm256_and_si256(packed, nibble) : _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
-    if constexpr (BITS >= 5)
+    if constexpr (BITS == 5)
       q = _mm256_or_si256(q, plane_bit(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 256 + 32 * h)), r, 4));
-    if constexpr (BITS == 6)
-      q = _mm256_or_si256(q, plane_bit(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 320 + 32 * h)), r, 5));
     return q;
   }
 }

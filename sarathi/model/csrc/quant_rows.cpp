@@ -22,10 +22,14 @@ namespace {
 inline int code_at(const uint8_t* group, int bits, int zero, int c, int p) {
   const int r = p / 4, j = 4 * c + p % 4;
   if (bits == 8) return static_cast<int8_t>(group[64 * r + j] ^ 0x80);
+  if (bits == 6) {
+    if (r < 4) return (group[64 * r + j] & 0x3F) - zero;
+    const uint8_t nibbles = group[256 + 64 * ((r - 4) / 2) + j];
+    return (((r % 2 ? nibbles >> 4 : nibbles) & 0x0F) | ((group[64 * (r - 4) + j] >> 6) << 4)) - zero;
+  }
   const uint8_t low = group[64 * (r & 3) + j];
   int v = r < 4 ? (low & 0x0F) : (low >> 4);
-  if (bits >= 5) v |= ((group[256 + j] >> r) & 1) << 4;
-  if (bits == 6) v |= ((group[320 + j] >> r) & 1) << 5;
+  if (bits == 5) v |= ((group[256 + j] >> r) & 1) << 4;
   return v - zero;
 }
 
