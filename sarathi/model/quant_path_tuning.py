@@ -9,7 +9,8 @@ kinds we measured (`quant_int8_rows_builtin`); this module times both paths on t
 
 - weights at Llama 3.2 1B's MLP shapes (8,192 x 2,048 and its transpose), every format of a code width,
   cycled from memory (copies past the last-level cache), at 8, 16, ..., 256 rows of x, the two paths called
-  in turn (a drifting memory rate cancels out of each pair);
+  in turn (a drifting memory rate cancels out of each pair), and a step the int8 path loses timed once more
+  (each path's faster median kept: other processes only ever add time);
 - a width's threshold is the most rows up to which the int8 path, summed over the width's formats and both
   shapes, took no longer than the tile path at every step; at least 4 (a decode's few rows: the int8 path
   streams the codes undecoded, the reason it exists);
@@ -156,6 +157,15 @@ def threshold(timings: list[PathTiming], formats: tuple[str, ...]) -> int:
     return best
 
 
+def best_of_two(first: tuple[float, ...], second: tuple[float, ...]) -> tuple[float, float, float]:
+    """Each path's faster median of two timings, and their ratio. Another process on the machine only ever
+    adds time: one burst of it during a single timing once made a 64-row step of Q4_K look 1.6x slower on
+    the int8 path (its neighbours 0.7x), which stopped that format's timing there and kept a 4-bit
+    threshold of 64 for a machine whose crossover lies past 256 rows."""
+    int8_s, tile_s = min(first[0], second[0]), min(first[1], second[1])
+    return int8_s, tile_s, int8_s / tile_s
+
+
 def measure(progress: Callable[[str], None] | None = None) -> Int8Rows:
     """Time both paths of `quant_gemm` here and choose each code width's threshold."""
     start = time.perf_counter()
@@ -170,6 +180,10 @@ def measure(progress: Callable[[str], None] | None = None) -> Int8Rows:
                 return lambda: kernels.quant_gemm(x, next(ring), out, int8_rows=int8_rows)
 
             int8_s, tile_s, ratio = alternating_medians(path(rows), path(0), PAIRS)
+            if ratio > 1.0:  # a verdict against the int8 path is timed twice: see best_of_two
+                int8_s, tile_s, ratio = best_of_two(
+                    (int8_s, tile_s), alternating_medians(path(rows), path(0), PAIRS)
+                )
             timings.append(PathTiming(qtype, shape, rows, round(int8_s * 1e3, 3), round(tile_s * 1e3, 3)))
             if progress is not None:
                 progress(f"{qtype:5s} {shape:5s} {rows:4d} rows: int8 path {ratio:.2f}x the tile path's time")

@@ -59,6 +59,30 @@ def test_threshold_is_the_last_step_the_int8_path_wins_summed_over_formats() -> 
     assert threshold(timings({"Q8_0": [0.9, 1.1, 0.9, 0.9, 0.9, 0.9]}), ("Q8_0",)) == 8
 
 
+def test_a_step_the_int8_path_loses_is_timed_again_and_each_paths_faster_median_kept(monkeypatch) -> None:
+    # one burst from another process during the 64-row step: 1.6x, where its neighbours are 0.8x
+    monkeypatch.setattr(quant_path_tuning, "WIDTH_FORMATS", {4: ("Q4_K",)})
+    monkeypatch.setattr(quant_path_tuning, "SHAPES", {"up": (16, 256)})
+    monkeypatch.setattr(quant_path_tuning, "STREAM_BYTES", 1)
+    calls = []
+
+    def fake_medians(int8_path, tile_path, pairs):
+        calls.append(len(calls))
+        if len(calls) == 4:  # the 64-row step, first timing
+            return 0.0024, 0.0015, 1.6
+        if len(calls) == 5:  # timed again: each path's faster median is kept
+            return 0.0012, 0.0016, 0.75
+        return 0.0008, 0.001, 0.8
+
+    monkeypatch.setattr(quant_path_tuning, "alternating_medians", fake_medians)
+    tuned = quant_path_tuning.measure()
+    assert len(calls) == len(ROW_STEPS) + 1  # only the step it lost was timed twice
+    assert [t.rows for t in tuned.timings] == list(ROW_STEPS)
+    at_64 = next(t for t in tuned.timings if t.rows == 64)
+    assert (at_64.int8_ms, at_64.tile_ms) == (1.2, 1.5)
+    assert tuned.rows[4] == ROW_STEPS[-1]  # not stopped at 64 by the burst
+
+
 def test_a_set_threshold_routes_quant_gemm_and_minus_one_restores_the_table(restores_thresholds) -> None:
     w = quant_path_tuning.random_weight("Q4_K", 48, 512)
     x = torch.randn(12, 512)
