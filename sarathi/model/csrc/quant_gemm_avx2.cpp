@@ -28,7 +28,7 @@
 namespace sarathi_kernels {
 namespace {
 
-constexpr int kMaxRows = 2;  // rows of x per register tile (two halves each: 4 float and 4 int accumulators)
+constexpr int kMaxRows = 2;  // rows of x per two-half register tile (fewer rows than a one-half tile takes)
 // Rows up to which x is multiplied in int8 terms; more rows: float32 x times chunks dequantized once per tile.
 // Measured on a Zen3 at 8,192 x 2,048 (benchmarks/quant_kernel.py): with the int16 pair sums the int8 terms
 // are faster up to 32 rows for 4-bit codes (1.2-1.7x at 9-32 rows, even at 48-64), up to 16 for 5- and
@@ -201,43 +201,51 @@ inline __m256 add_sub_block(__m256 acc, __m256i d, __m256 scale, __m256 shift, f
   return acc;
 }
 
-// MR rows of a tile's float32 sums (two 8-column halves each) into y; `cols` of the 16 columns are valid.
-template <int MR>
-inline void store_rows(const __m256 (&acc)[MR][2], float* y, int64_t ldy, int64_t cols) {
-  alignas(32) float rows[MR][kCols];
+// MR rows of NH halves of a tile's float32 sums into y; `cols` of the NH * 8 columns from y on are valid.
+template <int MR, int NH>
+inline void store_rows(const __m256 (&acc)[MR][NH], float* y, int64_t ldy, int64_t cols) {
+  alignas(32) float rows[MR][8 * NH];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 2
-  for (int i = 0; i < MR; ++i) {
-    _mm256_store_ps(rows[i], acc[i][0]);
-    _mm256_store_ps(rows[i] + 8, acc[i][1]);
-  }
-  for (int i = 0; i < MR; ++i) std::memcpy(y + i * ldy, rows[i], cols * sizeof(float));
+    for (int hh = 0; hh < NH; ++hh) _mm256_store_ps(rows[i] + 8 * hh, acc[i][hh]);
+  const int64_t valid = std::min<int64_t>(8 * NH, cols);
+  for (int i = 0; i < MR; ++i) std::memcpy(y + i * ldy, rows[i], valid * sizeof(float));
 }
 
-// MR rows of x against one tile (16 columns, `cols` of them valid), the whole depth.
-template <int BITS, int MR, int SUB, bool SC, bool MIN>
-void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, float* y, int64_t ldy, int64_t cols) {
+// MR rows of x against NH halves of one tile from half h0 on (NH = 2: all 16 columns, `cols` of them valid),
+// the whole depth. One half (NH = 1) leaves a row one float32 accumulator instead of two, so 4 rows of 4-bit
+// codes (3 of 5- and 6-bit ones, whose int32 sums need registers too) fit the 16 registers and each quad's
+// unpacked codes serve that many rows: 0.91-0.96x the time of 2-row tiles from 4 to 64 rows on a Zen5's AVX2
+// path (Q4_K; Q5_K and Q6_K 0.91-0.94x from 16 rows). The second half re-reads the tile's lines from L1/L2,
+// where the row tiles before it left them; one or two rows keep both halves in one pass over the codes.
+template <int BITS, int MR, int NH, int SUB, bool SC, bool MIN>
+void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, int h0, float* y, int64_t ldy, int64_t cols) {
   constexpr int kSubsPerGroup = kGroup / SUB, kQuadsPerSub = SUB / 4;
   constexpr int64_t subs_per_super = kSubsPerSuper<SUB, SC>;
   const int64_t bytes = group_bytes(BITS), ldb = x.k / kGroup, ldsub = x.k / SUB;
   const int32_t zero = BITS == 8 ? 0 : w.zero;
   // Every loop over the register tile is unrolled: GCC keeps arrays of vectors in registers only when each
   // index is a constant (otherwise it spills them to the stack on every iteration).
-  __m256 acc[MR][2];
+  __m256 acc[MR][NH];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 2
-  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int hh = 0; hh < NH; ++hh) acc[i][hh] = _mm256_setzero_ps();
   const uint8_t* tile_codes = w.codes + tile * w.groups * bytes;
   for (int64_t g = 0; g < w.groups; ++g) {
     const uint8_t* codes = tile_codes + g * bytes;
-    prefetch_codes(codes, bytes, kPrefetchBytes);
+    if (h0 == 0) prefetch_codes(codes, bytes, kPrefetchBytes);
 #pragma GCC unroll 2
     for (int s = 0; s < kSubsPerGroup; ++s) {
       const int64_t sub = g * kSubsPerGroup + s, sup = sub / subs_per_super;
       const int64_t super_at = (tile * w.supers + sup) * kCols, sub_at = (tile * w.subs + sub) * kCols;
       // One half at a time: the halves share no codes, and the live vectors of one half fit the 16 registers.
 #pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
+      for (int hh = 0; hh < NH; ++hh) {
+        const int h = h0 + hh;
         __m256i dot[MR], p1[MR], p2[MR];  // int32 sums; int16 pair sums of x's two terms
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) dot[i] = _mm256_setzero_si256();
         // Fully unrolled, so that r, and with it the nibble half and the flush points, are constants.
 #pragma GCC unroll 8
@@ -245,7 +253,7 @@ void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, float* y, 
           const int r = s * kQuadsPerSub + t;
           const __m256i u = quad_half<BITS>(codes, r, h);
           const bool opens = t % kQuadsPerFlush<BITS> == 0, closes = (t + 1) % kQuadsPerFlush<BITS> == 0;
-#pragma GCC unroll 2
+#pragma GCC unroll 4
           for (int i = 0; i < MR; ++i) {
             int32_t four1, four2;
             std::memcpy(&four1, x.q1 + i * x.k + g * kGroup + 4 * r, 4);
@@ -263,16 +271,16 @@ void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, float* y, 
           }
         }
         const __m256 scale = sub_scale<SC>(w, super_at, sub_at, h), shift = sub_shift<SC, MIN>(w, super_at, sub_at, h);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) {
           __m256i d = dot[i];
           if (zero != 0) d = _mm256_sub_epi32(d, _mm256_set1_epi32(zero * x.isum[i * ldsub + sub]));
-          acc[i][h] = add_sub_block<MIN>(acc[i][h], d, scale, shift, x.dx[i * ldb + g], x.xsum[i * ldsub + sub]);
+          acc[i][hh] = add_sub_block<MIN>(acc[i][hh], d, scale, shift, x.dx[i * ldb + g], x.xsum[i * ldsub + sub]);
         }
       }
     }
   }
-  store_rows<MR>(acc, y, ldy, cols);
+  store_rows<MR, NH>(acc, y + 8 * h0, ldy, cols - 8 * h0);
 }
 
 // 8-bit codes against x's two terms joined into one int16, 254 * q1 + q2 (|.| <= 32,385): VPMADDWD multiplies
@@ -334,7 +342,7 @@ void tile_rows_wide(const int16_t* x16, const QuantizedRows& x, const Weight& w,
       }
     }
   }
-  store_rows<MR>(acc, y, ldy, cols);
+  store_rows<MR, 2>(acc, y, ldy, cols);
 }
 
 // x's two int8 terms joined, 254 * q1 + q2, as int16 rows [m, k] (a per-thread buffer reused across calls).
@@ -357,7 +365,14 @@ void run(const QuantizedRows& x, int64_t m, const Weight& w, float* y, int64_t l
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t col0 = t * kCols, cols = std::min<int64_t>(kCols, n - col0);
-      for (int64_t r = 0; r < m; r += kMaxRows) {  // the tile's codes stay in L1/L2 across row tiles
+      int64_t r = 0;
+      if constexpr (BITS != 8) {  // 8-bit codes from 2 rows: tile_rows_wide
+        constexpr int kHalfRows = BITS == 4 ? 4 : 3;
+        for (; m - r >= kHalfRows; r += kHalfRows)  // the tile's codes stay in L1/L2 across row tiles
+          for (int h = 0; h < 2 && 8 * h < cols; ++h)
+            tile_rows<BITS, kHalfRows, 1, SUB, SC, MIN>(x.rows_from(r), w, t, h, y + r * ldy + col0, ldy, cols);
+      }
+      for (; r < m; r += kMaxRows) {
         const QuantizedRows xr = x.rows_from(r);
         float* yr = y + r * ldy + col0;
         if constexpr (BITS == 8) {
@@ -370,9 +385,9 @@ void run(const QuantizedRows& x, int64_t m, const Weight& w, float* y, int64_t l
           }
         }
         if (m - r >= 2)
-          tile_rows<BITS, 2, SUB, SC, MIN>(xr, w, t, yr, ldy, cols);
+          tile_rows<BITS, 2, 2, SUB, SC, MIN>(xr, w, t, 0, yr, ldy, cols);
         else
-          tile_rows<BITS, 1, SUB, SC, MIN>(xr, w, t, yr, ldy, cols);
+          tile_rows<BITS, 1, 2, SUB, SC, MIN>(xr, w, t, 0, yr, ldy, cols);
       }
     }
   });
