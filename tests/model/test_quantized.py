@@ -86,14 +86,14 @@ def reference_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def int8_activations(x: torch.Tensor) -> torch.Tensor:
     """x as the VNNI path multiplies it: per 32 positions, t = x * 127 / max|x| (float32), q1 = round(t),
-    q2 = round((t - q1) * 254) (to nearest even), and x ~ (q1 + q2 / 254) * max|x| / 127."""
+    q2 = round((t - q1) * 256) (to nearest even) held to +-127, and x ~ (q1 + q2 / 256) * max|x| / 127."""
     blocks = x.float().reshape(x.shape[0], -1, 32)
     amax = blocks.abs().amax(-1, keepdim=True)
     # 127 / max|x| divided in float32 as the kernel does (a Python number over a tensor is a reciprocal times)
     t = blocks * torch.where(amax > 0, torch.full_like(amax, 127) / amax, torch.zeros_like(amax))
     q1 = torch.round(t)
-    q2 = torch.round((t - q1) * 254)
-    return ((q1.double() * 254 + q2.double()) * (amax.double() / (127 * 254))).reshape(x.shape)
+    q2 = torch.round((t - q1) * 256).clamp(-127, 127)
+    return ((q1.double() * 256 + q2.double()) * (amax.double() / (127 * 256))).reshape(x.shape)
 
 
 def reference_vnni(x: torch.Tensor, u: quantized.Unpacked) -> torch.Tensor:

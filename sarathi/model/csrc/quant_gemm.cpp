@@ -288,10 +288,11 @@ __attribute__((target("avx512f,avx512bw"))) void quantize_row(const T* x, int64_
     for (int h = 0; h < 2; ++h) {
       const __m512 t = _mm512_mul_ps(h ? x1 : x0, inv);
       const __m512i c = _mm512_cvtps_epi32(t);  // round to nearest even
-      const __m512i f = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(t, _mm512_cvtepi32_ps(c)), fine));
+      __m512i f = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(t, _mm512_cvtepi32_ps(c)), fine));
+      f = _mm512_min_epi32(_mm512_max_epi32(f, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q1 + b * kGroup + 16 * h), _mm512_cvtsepi32_epi8(c));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q2 + b * kGroup + 16 * h), _mm512_cvtsepi32_epi8(f));
-      sums[h] = _mm512_add_epi32(_mm512_mullo_epi32(c, _mm512_set1_epi32(kFine)), f);
+      sums[h] = _mm512_add_epi32(_mm512_slli_epi32(c, kFineShift), f);
     }
     if (sub == kGroup) {
       isum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(sums[0], sums[1]));
@@ -374,6 +375,14 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
         for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 2
           for (int j = 0; j < NB; ++j) dot[c][i][j] = fine[c][i][j] = _mm512_setzero_si512();
+      const int64_t sub = g * kSubsPerGroup + s, sup = sub / subs_per_super, ldsub = x.k / SUB;
+      if (zero != 0)  // the zero point's term, - zero * sum(x), starts the second term's sums
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) {
+          const __m512i start = _mm512_set1_epi32(-zero * x.isum[i * ldsub + sub]);
+#pragma GCC unroll 2
+          for (int j = 0; j < NB; ++j) fine[0][i][j] = start;
+        }
 #pragma GCC unroll 8
       for (int t = 0; t < kQuadsPerSub; ++t) {
         const int r = s * kQuadsPerSub + t, c = t % CH;
@@ -402,7 +411,6 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
             fine[0][i][j] = _mm512_add_epi32(fine[0][i][j], fine[1][i][j]);
           }
       }
-      const int64_t sub = g * kSubsPerGroup + s, sup = sub / subs_per_super, ldsub = x.k / SUB;
 #pragma GCC unroll 2
       for (int j = 0; j < NB; ++j) {
         const int64_t tile = tile0 + j;
@@ -416,8 +424,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
         }
 #pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) {
-          __m512i d = _mm512_add_epi32(_mm512_mullo_epi32(dot[0][i][j], _mm512_set1_epi32(kFine)), fine[0][i][j]);
-          if (zero != 0) d = _mm512_sub_epi32(d, _mm512_set1_epi32(zero * x.isum[i * ldsub + sub]));
+          const __m512i d = _mm512_add_epi32(_mm512_slli_epi32(dot[0][i][j], kFineShift), fine[0][i][j]);
           const __m512 sx = _mm512_mul_ps(scale, _mm512_set1_ps(x.dx[i * ldb + g]));
           acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sx, acc[i][j]);
           if constexpr (MIN) acc[i][j] = _mm512_fmadd_ps(shift, _mm512_set1_ps(x.xsum[i * ldsub + sub]), acc[i][j]);

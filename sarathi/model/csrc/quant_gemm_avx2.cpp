@@ -2,7 +2,7 @@
 // same packed weights, read in place.
 // - Up to int8_up_to_rows_avx2(bits) rows: x in the same two int8 terms as the VNNI path (quant_layout.h). VPMADDUBSW
 //   multiplies unsigned codes by signed int8 x into int16 pair sums; these add up in int16 over as many quads
-//   as cannot overflow (kQuadsPerFlush), then VPMADDWD widens them to int32 (with the 254 of x's first term):
+//   as cannot overflow (kQuadsPerFlush), then VPMADDWD widens them to int32 (with the 256 of x's first term):
 //   the 4-position sums VPDPBUSD makes. 4- to 6-bit codes (<= 63) cannot overflow one pair (2 * 63 * 127);
 //   8-bit codes are taken as signed bytes, their signs moved onto x (VPSIGNB), so pairs stay within
 //   2 * 128 * 127. Exact integer sums until the per-sub-block float32 scaling. One row reads the codes from
@@ -84,7 +84,8 @@ void quantize_row(const T* x, int64_t k, int sub, int8_t* q1, int8_t* q2, float*
       const __m256 t = _mm256_mul_ps(xv[v], inv);
       c[v] = _mm256_cvtps_epi32(t);  // round to nearest even
       f[v] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(t, _mm256_cvtepi32_ps(c[v])), fine));
-      sums[v] = _mm256_add_epi32(_mm256_mullo_epi32(c[v], _mm256_set1_epi32(kFine)), f[v]);
+      f[v] = _mm256_min_epi32(_mm256_max_epi32(f[v], _mm256_set1_epi32(-127)), _mm256_set1_epi32(127));
+      sums[v] = _mm256_add_epi32(_mm256_slli_epi32(c[v], kFineShift), f[v]);
     }
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q1 + b * kGroup), pack_bytes(c));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q2 + b * kGroup), pack_bytes(f));
@@ -262,7 +263,7 @@ void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, int h0, fl
             p1[i] = opens ? s1 : _mm256_add_epi16(p1[i], s1);
             p2[i] = opens ? s2 : _mm256_add_epi16(p2[i], s2);
             hold(p1[i]), hold(p2[i]);
-            if (closes) {  // 254 * (codes . x1) + codes . x2, widened to int32
+            if (closes) {  // 256 * (codes . x1) + codes . x2, widened to int32
               const __m256i wide = _mm256_add_epi32(_mm256_madd_epi16(p1[i], _mm256_set1_epi16(kFine)),
                                                     _mm256_madd_epi16(p2[i], _mm256_set1_epi16(1)));
               dot[i] = _mm256_add_epi32(dot[i], wide);
@@ -283,9 +284,9 @@ void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, int h0, fl
   store_rows<MR, NH>(acc, y + 8 * h0, ldy, cols - 8 * h0);
 }
 
-// 8-bit codes against x's two terms joined into one int16, 254 * q1 + q2 (|.| <= 32,385): VPMADDWD multiplies
+// 8-bit codes against x's two terms joined into one int16, 256 * q1 + q2 (|.| <= 32,639): VPMADDWD multiplies
 // codes widened to int16 (once per quad, shared by the rows) by x in int32 pair sums, which add up over a
-// whole sub-block without overflow (16 products of |code| <= 255 and |x| <= 32,385 per lane). Per row and quad
+// whole sub-block without overflow (16 products of |code| <= 255 and |x| <= 32,639 per lane). Per row and quad
 // half that is two VPMADDWD and two adds, where the int8 terms take two VPSIGNB, two VPMADDUBSW, two VPMADDWD
 // and two adds (8-bit codes cannot stay unsigned there: a pair of 255 * 127 overflows int16). The same
 // integer sums. Codes are the stored q - z + 128, the 128 taken off with x's sums like a zero point. On the
@@ -345,7 +346,7 @@ void tile_rows_wide(const int16_t* x16, const QuantizedRows& x, const Weight& w,
   store_rows<MR, 2>(acc, y, ldy, cols);
 }
 
-// x's two int8 terms joined, 254 * q1 + q2, as int16 rows [m, k] (a per-thread buffer reused across calls).
+// x's two int8 terms joined, 256 * q1 + q2, as int16 rows [m, k] (a per-thread buffer reused across calls).
 const int16_t* joined_terms(const QuantizedRows& x, int64_t m) {
   static thread_local std::vector<int16_t> buffer;
   buffer.resize(static_cast<size_t>(m * x.k));

@@ -14,7 +14,8 @@ namespace sarathi_kernels {
 constexpr int kCols = 16;           // output columns per tile
 constexpr int kGroup = 32;          // input positions per code group
 constexpr int kQuads = kGroup / 4;  // 4-position quads per group
-constexpr int kFine = 254;          // steps of x's second int8 term per step of its first
+constexpr int kFineShift = 8;       // x's second int8 term has 2^8 steps per step of its first
+constexpr int kFine = 1 << kFineShift;
 
 constexpr int group_bytes(int bits) { return bits == 8 ? 512 : 256 + (bits - 4) * 64; }
 
@@ -41,15 +42,16 @@ struct Weight {
   int bits, zero;
 };
 
-// x rows in two int8 terms per 32 positions: x ~ dx * (q1 + q2 / 254), dx = max|x| / 127,
-// q1 = round(x / dx), q2 = round((x / dx - q1) * 254). The second term carries the first one's rounding
-// error, so the pair resolves x to max|x| / 32,258 (16 bits): the bf16 path's precision or better, where one
+// x rows in two int8 terms per 32 positions: x ~ dx * (q1 + q2 / 256), dx = max|x| / 127,
+// q1 = round(x / dx), q2 = round((x / dx - q1) * 256) held to +-127 (256 rather than 254: the kernels join the
+// terms with a shift, not a multiply). The second term carries the first one's rounding
+// error, so the pair resolves x to max|x| / 32,512 (16 bits): the bf16 path's precision or better, where one
 // int8 term alone (llama.cpp's Q8_0 activations) misses our logits contract (see docs/results.md).
-// Per sub-block: the sum of 254 * q1 + q2 (for the zero point) and of the float32 x (for the offset term).
+// Per sub-block: the sum of 256 * q1 + q2 (for the zero point) and of the float32 x (for the offset term).
 struct QuantizedRows {
   const int8_t* q1;
   const int8_t* q2;
-  const float* dx;      // [m, k / 32]: max|x| / (127 * 254), the scale of 254 * q1 + q2
+  const float* dx;      // [m, k / 32]: max|x| / (127 * 256), the scale of 256 * q1 + q2
   const int32_t* isum;  // [m, k / sub]
   const float* xsum;    // [m, k / sub]
   int64_t k, sub;
