@@ -87,23 +87,20 @@ __attribute__((target("avx512f,avx512bw"))) inline __m512i quad_codes(const uint
 }
 
 // Codes of one group -> bf16 values q - z in the pair layout VDPBF16PS wants, into scratch: pair p (positions
-// 2p, 2p + 1) is 32 bf16 lanes, lane 2c + j = column c at position 2p + j.
+// 2p, 2p + 1) is 32 bf16 lanes, lane 2c + j = column c at position 2p + j. Column c's 4 codes of a quad are one
+// dword, so one in-lane byte shuffle widens a quad's two pairs each (no cross-lane permutes), then a table
+// lookup makes the values.
 template <int BITS>
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void decode_group(
     const uint8_t* codes, uint16_t* out, const uint16_t* lut) {
   const __m512i lut0 = _mm512_loadu_si512(lut), lut1 = _mm512_loadu_si512(lut + 32);
-  alignas(64) static const uint16_t kPick[2][32] = {
-      {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29,
-       32, 33, 36, 37, 40, 41, 44, 45, 48, 49, 52, 53, 56, 57, 60, 61},
-      {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31,
-       34, 35, 38, 39, 42, 43, 46, 47, 50, 51, 54, 55, 58, 59, 62, 63}};
-  const __m512i pick0 = _mm512_load_si512(kPick[0]), pick1 = _mm512_load_si512(kPick[1]);
+  // per 4-byte column: bytes (0, 1) -> words (pair 2r), bytes (2, 3) -> words (pair 2r + 1); -1 writes zero
+  const __m512i pick0 = _mm512_broadcast_i32x4(_mm_setr_epi8(0, -1, 1, -1, 4, -1, 5, -1, 8, -1, 9, -1, 12, -1, 13, -1));
+  const __m512i pick1 = _mm512_broadcast_i32x4(_mm_setr_epi8(2, -1, 3, -1, 6, -1, 7, -1, 10, -1, 11, -1, 14, -1, 15, -1));
   for (int r = 0; r < kQuads; ++r) {
     const __m512i q = quad_codes<BITS>(codes, r);
-    const __m512i lo = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(q));
-    const __m512i hi = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(q, 1));
     for (int h = 0; h < 2; ++h) {
-      const __m512i idx = _mm512_permutex2var_epi16(lo, h ? pick1 : pick0, hi);  // codes, pair 2r + h
+      const __m512i idx = _mm512_shuffle_epi8(q, h ? pick1 : pick0);  // codes, pair 2r + h
       __m512i w;
       if constexpr (BITS == 8) {
         const __m512i v = _mm512_sub_epi16(idx, _mm512_set1_epi16(128));
