@@ -4,8 +4,9 @@
 x it multiplies x in two int8 terms (VPDPBUSD; VPMADDUBSW on the AVX2 builds), more rows decode each chunk of
 codes to bf16 (float32 on the AVX2 builds) once and reuse it for every row. Where the two cross depends on the
 core, not only on its instruction set: with the same AVX-512 VNNI and BF16, a Zen4 found the tile path the
-faster above 4 rows of 4-bit codes and a Zen5 the int8 path up to 128. The kernel carries a table for the CPU
-kinds we measured (`quant_int8_rows_builtin`); this module times both paths on the machine at hand instead:
+faster above 4 rows of 4-bit codes and a Zen5 the int8 path up to 32 (128 before the tile path's sums ran
+in twice the chains). The kernel carries a table for the CPU kinds we measured (`quant_int8_rows_builtin`);
+this module times both paths on the machine at hand instead:
 
 - weights at Llama 3.2 1B's MLP shapes (8,192 x 2,048 and its transpose), every format of a code width,
   cycled from memory (copies past the last-level cache), at 8, 16, ..., 256 rows of x, the two paths called

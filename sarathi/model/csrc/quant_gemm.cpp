@@ -490,15 +490,16 @@ CpuKind cpu_kind() {
 // `benchmarks/quant_kernel.py --both-paths`):
 // - AMD Zen4 (and other CPUs): 8-bit codes, read without decoding, up to 32; other widths 4 (the bf16 path
 //   was the faster above 4 rows).
-// - AMD Zen5: 4- and 8-bit 128 (0.81-1.00x the bf16 path's time at 32-128 rows, Q4_0 the least ahead;
-//   0.89-1.02x at 256); 5-bit 32 (0.65-0.99x at 5-32 rows, Q5_0 1.01-1.09x from 64); 6-bit 4 (the int8
-//   path took 1.08x the bf16 path's time at 8 rows, 1.44x at 32: two more bit planes).
+// - AMD Zen5: 4- and 8-bit 32, 5- and 6-bit 16 (`--thresholds`, every format of a width no slower on the
+//   int8 path: 0.76-0.99x the bf16 path's time at 8-16 rows, 0.94-1.00x at 32 for 4- and 8-bit codes;
+//   1.03-1.30x from 64 rows since the bf16 path's sums run in 16 chains, 1.04-1.29x from 32 for 5- and
+//   6-bit codes).
 // - Intel with AVX512-BF16 (measured on an Emerald Rapids, family 6 model 207): every width up to 256 rows,
 //   the most measured (0.41-0.78x the bf16 path's time at 5-256 rows, 6-bit codes included).
 int64_t vnni_up_to_rows(int64_t bits) {
   static const CpuKind kind = cpu_kind();
   if (kind == CpuKind::kIntel) return 256;
-  if (kind == CpuKind::kAmdZen5OrLater) return bits == 6 ? 4 : bits == 5 ? 32 : 128;
+  if (kind == CpuKind::kAmdZen5OrLater) return bits == 5 || bits == 6 ? 16 : 32;
   return bits == 8 ? 32 : 4;
 }
 
