@@ -53,8 +53,14 @@ def one_seq_server():
 
 
 def test_greedy_outputs_equal_offline_generate_under_vllm_scheduler(one_seq_server):
+    """The server runs one request at a time, so offline generates each prompt alone too: with the same
+    batches the outputs must be equal token for token (a quantized layer takes the int8 or the bf16 path by
+    the batch's row count, so other batches may flip a near-tie; tests/engine/test_output_invariance.py
+    checks that rule)."""
     prompts = ["The best way to learn", "In 1492,", "def add(a, b):"]
-    offline = LLM(num_kv_blocks=128).generate(prompts, SamplingParams(temperature=0.0, max_tokens=20))
+    llm = LLM(num_kv_blocks=128)
+    params = SamplingParams(temperature=0.0, max_tokens=20)
+    offline = [llm.generate([prompt], params)[0] for prompt in prompts]
     for prompt, out in zip(prompts, offline, strict=True):
         body = {"prompt": prompt, "max_tokens": 20, "temperature": 0}
         r = httpx.post(f"{one_seq_server.url}/v1/completions", json=body, timeout=120)
