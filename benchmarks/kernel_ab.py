@@ -5,8 +5,9 @@ This machine's memory rate moves between states within minutes (docs/results.md:
 the other), so a kernel change timed in one process and then the other often lands inside that swing, or
 shows one state's answer as the change's. Here both builds are loaded at once, each under its own operator
 namespace, and repetitions alternate (A B, B A, A B, ...): each pair meets the same moment, and the median of
-the per-repetition ratios is the number to quote. `--baseline` equal to the working tree gives the harness's
-own spread (an A/A run).
+the per-repetition ratios is the number to quote, beside its medians over the repetitions where A ran faster
+and slower than its median (a change can win in one memory state and lose in the other). `--baseline` equal
+to the working tree gives the harness's own spread (an A/A run).
 
 Only the C++ differs: both builds run the tree's Python, weights packed once by it (a change to a packed
 layout needs two processes), and the int8-path thresholds of the tree's build for both.
@@ -190,6 +191,10 @@ def main() -> None:
         calls = max(3, int(args.seconds / max(time.perf_counter() - t0, 1e-4)))
         times = alternate(fn, namespaces, args.reps, calls)
         ratios = [b / a for a, b in zip(times[namespaces[0]], times[namespaces[1]], strict=True)]
+        # the repetitions in A's faster and slower halves: where a change trades one memory state for another
+        a_median = statistics.median(times[namespaces[0]])
+        fast = [r for r, a in zip(ratios, times[namespaces[0]], strict=True) if a <= a_median]
+        slow = [r for r, a in zip(ratios, times[namespaces[0]], strict=True) if a > a_median] or fast
         row = {
             "case": case,
             "a_ms": statistics.median(times[namespaces[0]]) * 1e3,
@@ -197,12 +202,15 @@ def main() -> None:
             "b_over_a": statistics.median(ratios),
             "b_over_a_min": min(ratios),
             "b_over_a_max": max(ratios),
+            "b_over_a_when_a_faster": statistics.median(fast),
+            "b_over_a_when_a_slower": statistics.median(slow),
         }
         rows.append(row)
         print(
             f"{case:10s} A {row['a_ms']:8.2f} ms  B {row['b_ms']:8.2f} ms  B/A per rep: median "
             f"{row['b_over_a']:.3f} (min {row['b_over_a_min']:.3f}, max {row['b_over_a_max']:.3f}, "
-            f"{args.reps} reps)"
+            f"{args.reps} reps); where A ran faster {row['b_over_a_when_a_faster']:.3f}, slower "
+            f"{row['b_over_a_when_a_slower']:.3f}"
         )
     settings = vars(args) | {"a": namespaces[0], "b": namespaces[1], "same_sources": same}
     print(f"saved {save_result('kernel_ab', rows, settings)}")
