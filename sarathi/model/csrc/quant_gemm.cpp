@@ -235,6 +235,20 @@ struct RowsKernels {
   }
 };
 
+// Where a tile's code stream is prefetched while group g is read: kPrefetchBytes further on. Past the register
+// tile's end (tiles tile0 .. tile0 + step - 1) that is the same place in the next `step` tiles, this thread's
+// next register tile (at::parallel_for gives each thread a contiguous range; past a weight's end a prefetch is
+// harmless), not the start of the tile after this one (one of the same register tile, read already). One row
+// from memory, 2 threads on a Zen5: Q4_K, Q4_1 and Q5_K 0.91-0.92x the time, Q6_K 0.99x; Q8_0 was 1.03x (not
+// understood), so 8-bit codes keep the plain distance.
+template <int BITS>
+inline const uint8_t* codes_ahead(const Weight& w, int64_t tile0, int step, int j, int64_t g) {
+  constexpr int64_t bytes = group_bytes(BITS);
+  const int64_t tile_bytes = w.groups * bytes, at = g * bytes + kPrefetchBytes;
+  const bool next = BITS != 8 && at >= tile_bytes;
+  return w.codes + (tile0 + j + (next ? step : 0)) * tile_bytes + (next ? at - tile_bytes : at);
+}
+
 template <int BITS, int SUB, bool SC, bool MIN>
 void run(const int32_t* x, int64_t m, int64_t k, const float* xsum, const Weight& w, float* y, int64_t ldy,
          int64_t n) {
@@ -260,7 +274,7 @@ void run(const int32_t* x, int64_t m, int64_t k, const float* xsum, const Weight
         for (int j = 0; j < nb; ++j)
           for (int g = 0; g < ng; ++g) {
             const uint8_t* codes = w.codes + ((tile0 + j) * w.groups + g0 + g) * bytes;
-            prefetch_codes(codes, bytes, kPrefetchBytes);
+            prefetch_codes(codes_ahead<BITS>(w, tile0, kMaxTiles, j, g0 + g), bytes, 0);
             decode_group<BITS>(codes, scratch + j * tile_stride + g * kPairs * 32, lut_values);
           }
         for (int64_t r = 0; r < m; r += kMaxRows) {
@@ -366,14 +380,10 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
           if constexpr (MIN) dm_super[j] = halves16(w.dm + super_at);
         }
     }
-    // What lies kPrefetchBytes of codes ahead. Past these tiles' end that is the same place in the next NB tiles
-    // (this thread's next register tile; past a weight's end a prefetch is harmless), not the start of the tile
-    // after each of these (the next of these, read already). One row from memory, 2 threads on a Zen5: Q4_K,
-    // Q4_1 and Q5_K 0.91-0.92x the time (each register tile's first 2 KiB per tile had waited on memory),
-    // Q6_K 0.99x; Q8_0 was 1.03x (not understood), so 8-bit codes keep the plain distance.
-    constexpr bool kNextTiles = BITS != 8;
-    const int64_t ahead_group = g + kAheadGroups, tile_bytes = w.groups * bytes, ahead_at = g * bytes + kPrefetchBytes;
-    const bool past_end = kNextTiles && ahead_group >= w.groups;
+    // The codes and scales kPrefetchBytes of codes ahead, past these tiles' end those of the next NB tiles
+    // (codes_ahead)
+    const int64_t ahead_group = g + kAheadGroups;
+    const bool past_end = BITS != 8 && ahead_group >= w.groups;
     {  // the scales of that group (Q4_K's 4 scale streams: ~10% faster one row)
       const int64_t sub = (past_end ? ahead_group - w.groups : ahead_group) * kSubsPerGroup;
       const int64_t sup = sub / subs_per_super, ahead_tile0 = past_end ? tile0 + NB : tile0;
@@ -392,8 +402,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) {
       codes[j] = w.codes + ((tile0 + j) * w.groups + g) * bytes;
-      const bool next = kNextTiles && ahead_at >= tile_bytes;
-      prefetch_codes(w.codes + (tile0 + j + (next ? NB : 0)) * tile_bytes + ahead_at - (next ? tile_bytes : 0), bytes, 0);
+      prefetch_codes(codes_ahead<BITS>(w, tile0, NB, j, g), bytes, 0);
     }
 #pragma GCC unroll 2
     for (int s = 0; s < kSubsPerGroup; ++s) {
