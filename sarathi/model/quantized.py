@@ -16,6 +16,8 @@ import gguf
 import numpy as np
 import torch
 
+from sarathi.model import huge_pages
+
 GROUP = 32  # input positions per code group of the kernel layout
 TILE = 16  # output columns per kernel tile
 
@@ -214,11 +216,11 @@ class PackedQuant:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.d, self.dm, self.sc, self.mc))
 
 
-def _tiled(a: np.ndarray, tiles: int) -> np.ndarray:
-    """[rows, n] per-row values -> [tiles, n, 16] (rows padded with zeros)."""
+def _tiled(a: np.ndarray, tiles: int) -> torch.Tensor:
+    """[rows, n] per-row values -> [tiles, n, 16] (rows padded with zeros), on huge pages."""
     padded = np.zeros((tiles * TILE, a.shape[1]), dtype=a.dtype)
     padded[: a.shape[0]] = a
-    return np.ascontiguousarray(padded.reshape(tiles, TILE, -1).transpose(0, 2, 1))
+    return huge_pages.from_numpy(padded.reshape(tiles, TILE, -1).transpose(0, 2, 1))
 
 
 def pack(u: Unpacked) -> PackedQuant:
@@ -235,28 +237,30 @@ def pack(u: Unpacked) -> PackedQuant:
     # [tiles, 16 columns, groups, 8 quads, 4] -> [tiles, groups, quads, 4 * column + i]
     quads = codes.reshape(tiles, TILE, cols // GROUP, GROUP // 4, 4).transpose(0, 2, 3, 1, 4)
     quads = quads.reshape(tiles, cols // GROUP, GROUP // 4, 4 * TILE)
+    groups = (tiles, cols // GROUP, -1)
     if fmt.bits == 8:
-        packed = quads.reshape(tiles, cols // GROUP, -1)
+        parts = [quads.reshape(groups)]
     elif fmt.bits == 6:
         # rows 0-3: quad r's whole code, bits 4-5 of quad r + 4's in its top two bits; rows 4-5: the low
         # nibbles of quads 4 | 5 << 4 and 6 | 7 << 4. One instruction per quad for quads 0-3, three or four
         # for 4-7, where two bit planes took four for every quad.
         whole = (quads[:, :, :4] & 0x3F) | ((quads[:, :, 4:] >> 4) << 6)
         nibbles = (quads[:, :, 4:8:2] & 0x0F) | ((quads[:, :, 5:8:2] & 0x0F) << 4)
-        groups = (tiles, cols // GROUP, -1)
-        packed = np.concatenate([whole.reshape(groups), nibbles.reshape(groups)], axis=-1)
+        parts = [whole.reshape(groups), nibbles.reshape(groups)]
     else:
         # quad r (r < 4) in the low nibbles of row r, quad r + 4 in its high nibbles; then (5-bit codes) a
         # 64-byte plane whose bit r is bit 4 of quad r
         low = (quads[:, :, :4] & 0x0F) | ((quads[:, :, 4:] & 0x0F) << 4)
-        parts = [low.reshape(tiles, cols // GROUP, -1)]
+        parts = [low.reshape(groups)]
         for bit in range(4, fmt.bits):
             plane = np.packbits((quads >> bit) & 1, axis=2, bitorder="little")  # 8 quads -> 1 byte
-            parts.append(plane.reshape(tiles, cols // GROUP, -1))
-        packed = np.concatenate(parts, axis=-1)
+            parts.append(plane.reshape(groups))
+    # on huge pages, as every resident weight (a decode step streams them all: sarathi/model/huge_pages.py)
+    packed = huge_pages.empty((tiles, cols // GROUP, sum(p.shape[-1] for p in parts)), torch.uint8)
+    np.concatenate(parts, axis=-1, out=packed.numpy())
 
     def tensor(a: np.ndarray | None) -> torch.Tensor:
-        return torch.empty(0) if a is None else torch.from_numpy(_tiled(a, tiles))
+        return torch.empty(0) if a is None else _tiled(a, tiles)
 
     return PackedQuant(
         rows,
@@ -264,7 +268,7 @@ def pack(u: Unpacked) -> PackedQuant:
         fmt.bits,
         fmt.sub,
         fmt.zero,
-        torch.from_numpy(np.ascontiguousarray(packed)),
+        packed,
         tensor(u.d),
         tensor(u.dm),
         tensor(u.sc),
