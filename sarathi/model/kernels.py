@@ -49,6 +49,7 @@ from pathlib import Path
 
 import torch
 
+from sarathi.model import huge_pages
 from sarathi.model.embedded import cache_root
 from sarathi.model.quantized import PackedQuant
 
@@ -151,10 +152,16 @@ def portable_available() -> bool:
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """The kernel's layout of a [N, K] weight (K even), as bf16; builds or loads the kernel if needed."""
+    """The kernel's layout of a [N, K] weight (K even), as bf16, on huge pages (a decode step streams it:
+    huge_pages.py); builds or loads the kernel if needed."""
     if not available():
         raise RuntimeError(f"sarathi's CPU kernels unavailable: {_state['why']}")
-    return torch.ops.sarathi_kernels.bf16_gemm_pack(weight)
+    if weight.dim() != 2:
+        raise ValueError(f"pack: weight must be 2-D, got {weight.dim()}-D")
+    n, k = weight.shape
+    out = huge_pages.empty((-(-n // 16), k // 2, 16, 2), torch.bfloat16)
+    torch.ops.sarathi_kernels.bf16_gemm_pack(weight, out)
+    return out
 
 
 def gemm(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sarathi.model import huge_pages, kernels, quantized
+from sarathi.model import kernels, quantized
 
 # Largest |weight| the fp16 container is scaled to: a power of two below fp16's max (65504), high enough that
 # the layer's weights sit far above fp16's subnormal range (< 6.1e-5), which would drop bf16 bits.
@@ -163,7 +163,7 @@ class Linear(nn.Module):
         if w is None:
             return False
         if w.dtype == self.compute_dtype == torch.bfloat16 and _bf16_kernel_serves(w):
-            self._bf16_packed = huge_pages.copy(kernels.pack(w.detach()))  # streamed every decode step
+            self._bf16_packed = kernels.pack(w.detach())
             if self.bias is not None:
                 self.bias = nn.Parameter(self.bias.detach().float(), requires_grad=False)
         elif w.dtype == self.compute_dtype:

@@ -9,7 +9,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -97,15 +96,25 @@ bool cpu_supported() {
          __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
 }
 
-// W [N, K] -> [ceil(N/16), K/2, 16, 2] bf16 (rows past N are zero).
-at::Tensor bf16_gemm_pack(const at::Tensor& weight) {
+// W [N, K] -> out [ceil(N/16), K/2, 16, 2] bf16 (rows past N are zero); the caller places out (on huge pages:
+// sarathi/model/huge_pages.py).
+void bf16_gemm_pack(const at::Tensor& weight, at::Tensor& out) {
   TORCH_CHECK(weight.dim() == 2, "bf16_gemm_pack: weight must be 2-D, got ", weight.dim(), "-D");
   const int64_t n = weight.size(0), k = weight.size(1);
   TORCH_CHECK(k % 2 == 0, "bf16_gemm_pack: in_features must be even, got ", k);
   const int64_t blocks = (n + kColsPerBlock - 1) / kColsPerBlock;
-  at::Tensor padded = at::zeros({blocks * kColsPerBlock, k}, weight.options().dtype(at::kBFloat16));
-  padded.narrow(0, 0, n).copy_(weight);
-  return padded.view({blocks, kColsPerBlock, k / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+  const std::vector<int64_t> shape = {blocks, k / 2, kColsPerBlock, 2};
+  TORCH_CHECK(out.sizes() == at::IntArrayRef(shape) && out.scalar_type() == at::kBFloat16 && out.is_contiguous(),
+              "bf16_gemm_pack: out must be a contiguous bf16 tensor of shape ", at::IntArrayRef(shape));
+  at::Tensor rows = out.permute({0, 2, 1, 3});  // [blocks, 16, K/2, 2]: block b's column c is W's row 16 b + c
+  const int64_t full = n / kColsPerBlock, left = n - full * kColsPerBlock;
+  if (full > 0)
+    rows.narrow(0, 0, full).copy_(weight.narrow(0, 0, full * kColsPerBlock).reshape({full, kColsPerBlock, k / 2, 2}));
+  if (left > 0) {
+    at::Tensor last = rows.select(0, full);
+    last.zero_();
+    last.narrow(0, 0, left).copy_(weight.narrow(0, full * kColsPerBlock, left).reshape({left, k / 2, 2}));
+  }
 }
 
 // x [M, K] bf16 or float32, packed from bf16_gemm_pack, bias [N] float32 or None -> y [M, N] float32.
@@ -151,7 +160,7 @@ at::Tensor bf16_gemm(const at::Tensor& x_in, const at::Tensor& packed, int64_t n
 
 TORCH_LIBRARY(sarathi_kernels, lib) {
   lib.def("cpu_supported() -> bool", &cpu_supported);
-  lib.def("bf16_gemm_pack(Tensor weight) -> Tensor", &bf16_gemm_pack);
+  lib.def("bf16_gemm_pack(Tensor weight, Tensor(a!) out) -> ()", &bf16_gemm_pack);
   lib.def("bf16_gemm(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor", &bf16_gemm);
 }
 
