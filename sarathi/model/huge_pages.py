@@ -2,9 +2,9 @@
 
 A decode step streams every weight once, a few hundred MB; on 4 KiB pages that is a TLB miss every 4 KiB.
 On a Zen5 (2 threads, from memory) a one-row bf16 GEMV took 0.91x the time on huge pages and a Q4_K one 0.94x;
-summing a 512 MiB tensor read 4-8% faster. Linux gives an anonymous mapping huge pages where it is advised to
+summing a 512 MiB tensor read 1-8% faster. Linux gives an anonymous mapping huge pages where it is advised to
 (MADV_HUGEPAGE; /sys/kernel/mm/transparent_hugepage/enabled "madvise" or "always"): we map fresh memory,
-advise it, and copy the weight in. Advising memory that is already touched does not move it, which is why
+advise it, and build the weight there. Advising memory that is already touched does not move it, which is why
 this maps new memory rather than advising a tensor's own. Where huge pages cannot be advised (not Linux, or
 small tensors) the tensor stays as it is.
 """
@@ -42,16 +42,6 @@ def empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tens
     # only the tensor's whole huge pages: one over its tail would hold up to 2 MiB it does not use
     region.madvise(mmap.MADV_HUGEPAGE, offset, nbytes // HUGE_PAGE * HUGE_PAGE)
     return raw[offset : offset + nbytes].view(dtype).view(shape)
-
-
-def copy(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous copy of CPU tensor `t` on huge pages (`empty`); `t` itself where that is not supported or
-    `t` is under MIN_BYTES."""
-    if t.device.type != "cpu" or t.numel() * t.element_size() < MIN_BYTES or not supported():
-        return t
-    out = empty(t.shape, t.dtype)
-    out.copy_(t)
-    return out
 
 
 def from_numpy(a: np.ndarray) -> torch.Tensor:
