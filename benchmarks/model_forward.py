@@ -13,7 +13,7 @@ HF decode uses a DynamicCache pre-filled with random K/V of the same length, cro
 
 Floors, measured in the same run: bytes floor = bytes read (weights, plus K/V for decodes) / measured read
 bandwidth (the faster of summing a 512 MiB fp32 or bf16 tensor, on huge pages as our weights are: on 4 KiB
-pages the sum read 4-8% slower, a floor that much too lenient); compute floor = FLOPs / measured matmul rate
+pages the sum read 1-8% slower, a floor that much too lenient); compute floor = FLOPs / measured matmul rate
 in the compute dtype (a 2048^3 GEMM; bf16 through our kernel where it runs); a case's floor is the larger.
 The read bandwidth is measured again right before each repetition of a case, and the ratio to the floor is the
 median over repetitions of (its time / the floor at the bandwidth measured just before it); the floor printed
