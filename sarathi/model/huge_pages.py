@@ -11,6 +11,7 @@ small tensors) the tensor stays as it is.
 
 from __future__ import annotations
 
+import math
 import mmap
 import sys
 
@@ -29,10 +30,7 @@ def supported() -> bool:
 def empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialized contiguous CPU tensor, 2 MiB-aligned on memory advised for huge pages (a plain
     `torch.empty` where that is not supported or the tensor is under MIN_BYTES)."""
-    numel = 1
-    for n in shape:
-        numel *= n
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < MIN_BYTES or not supported():
         return torch.empty(shape, dtype=dtype)
     # private: a shared anonymous mapping is shmem, which follows shmem_enabled instead
