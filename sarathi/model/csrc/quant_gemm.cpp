@@ -57,10 +57,13 @@ constexpr int kChunkGroups = 8;    // groups decoded at a time per tile into the
 constexpr int kMaxRows = 4;        // rows of x per register tile (measured on a Zen4 against 6 x 1, 6 x 2, 2 x 4)
 constexpr int kMaxTiles = 2;       // tiles of 16 columns per register tile: 4 x 2 x 2 accumulators
 constexpr int kVnniMaxRows = 4;    // rows of x per register tile of the int8 (VPDPBUSD) path
-// How far ahead of its reads each path prefetches a tile's codes. Without it one row of Q6_K streamed at 19 GB/s
-// and Q8_0 at 30 GB/s from memory on a Zen5 (in cache: 65-180 GB/s, so the loop waited on memory); with it
-// 34-44 GB/s. 1, 2, 4 and 8 KiB were within that machine's noise.
-constexpr int64_t kPrefetchBytes = 2048;
+// How far ahead of its reads a thread prefetches codes, in all: each of the `step` tiles it reads side by side
+// gets kPrefetchBytes / step (one tile 4 KiB ahead, two 2 KiB each). Without prefetching, one row of Q6_K
+// streamed at 19 GB/s and Q8_0 at 30 GB/s from memory on a Zen5 (in cache: 65-180 GB/s, so the loop waited on
+// memory); with it 34-44 GB/s. One row of Q4_K from memory, 2 threads on a Zen5, in its slower (46-52 GB/s) and
+// faster (77-84 GB/s) memory states: one tile's stream 4 KiB ahead rather than 2 took 0.94-0.96x and 0.92x the
+// time; two tiles 4 KiB ahead each 1.02-1.06x and 0.93-0.97x (3 KiB each: 1.02-1.03x and 0.93-0.95x).
+constexpr int64_t kPrefetchBytes = 4096;
 
 // Quad r of a group's codes: 64 unsigned bytes, byte 4c + i = code of column c at position 4r + i.
 template <int BITS>
@@ -235,16 +238,16 @@ struct RowsKernels {
   }
 };
 
-// Where a tile's code stream is prefetched while group g is read: kPrefetchBytes further on. Past the register
-// tile's end (tiles tile0 .. tile0 + step - 1) that is the same place in the next `step` tiles, this thread's
-// next register tile (at::parallel_for gives each thread a contiguous range; past a weight's end a prefetch is
-// harmless), not the start of the tile after this one (one of the same register tile, read already). One row
-// from memory, 2 threads on a Zen5: Q4_K, Q4_1 and Q5_K 0.91-0.92x the time, Q6_K 0.99x; Q8_0 was 1.03x (not
-// understood), so 8-bit codes keep the plain distance.
+// Where a tile's code stream is prefetched while group g is read: kPrefetchBytes / step further on. Past the
+// register tile's end (tiles tile0 .. tile0 + step - 1) that is the same place in the next `step` tiles, this
+// thread's next register tile (at::parallel_for gives each thread a contiguous range; past a weight's end a
+// prefetch is harmless), not the start of the tile after this one (one of the same register tile, read
+// already). One row from memory, 2 threads on a Zen5: Q4_K, Q4_1 and Q5_K 0.91-0.92x the time, Q6_K 0.99x; Q8_0
+// was 1.03x (not understood), so 8-bit codes keep the plain distance.
 template <int BITS>
 inline const uint8_t* codes_ahead(const Weight& w, int64_t tile0, int step, int j, int64_t g) {
   constexpr int64_t bytes = group_bytes(BITS);
-  const int64_t tile_bytes = w.groups * bytes, at = g * bytes + kPrefetchBytes;
+  const int64_t tile_bytes = w.groups * bytes, at = g * bytes + kPrefetchBytes / step;
   const bool next = BITS != 8 && at >= tile_bytes;
   return w.codes + (tile0 + j + (next ? step : 0)) * tile_bytes + (next ? at - tile_bytes : at);
 }
@@ -363,7 +366,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
-  constexpr int64_t kAheadGroups = kPrefetchBytes / bytes;
+  constexpr int64_t kAheadGroups = kPrefetchBytes / NB / bytes;
   // k-quants' super-block scales d and dm, converted once per super-block rather than once per sub-block: at
   // one or two rows (one thread in cache: Q4_K 0.95x / 0.90x the time at 1 / 2 rows, Q6_K 0.92x at one row;
   // 3 rows gained nothing, 4 leave no registers for them)
@@ -380,7 +383,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
           if constexpr (MIN) dm_super[j] = halves16(w.dm + super_at);
         }
     }
-    // The codes and scales kPrefetchBytes of codes ahead, past these tiles' end those of the next NB tiles
+    // The codes and scales kPrefetchBytes / NB of codes ahead, past these tiles' end those of the next NB tiles
     // (codes_ahead)
     const int64_t ahead_group = g + kAheadGroups;
     const bool past_end = BITS != 8 && ahead_group >= w.groups;
