@@ -141,9 +141,9 @@ def test_quantized_kernel_multiplies_the_exact_weights(qtype: str, batch: int) -
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q4_K", "Q6_K"])
 def test_one_row_of_a_long_weight(qtype: str) -> None:
-    """One row of x against a weight of many short rows (the int8 path then reads one tile at a time, in one
-    stream; more rows of x read two tiles at a time): the exact weights, and the same values as that row in a
-    batch of two."""
+    """One row of x against a long weight (the int8 path then reads one tile at a time, in one stream; more
+    rows of x read two tiles at a time): the exact weights, and the same values as that row in a batch of
+    two."""
     rows, cols = 4096 + 17, 2048
     u = quantized.unpack(random_quantized(qtype, rows, cols, seed=3))
     w = quantized.pack(u)

@@ -57,13 +57,14 @@ constexpr int kChunkGroups = 8;    // groups decoded at a time per tile into the
 constexpr int kMaxRows = 4;        // rows of x per register tile (measured on a Zen4 against 6 x 1, 6 x 2, 2 x 4)
 constexpr int kMaxTiles = 2;       // tiles of 16 columns per register tile: 4 x 2 x 2 accumulators
 constexpr int kVnniMaxRows = 4;    // rows of x per register tile of the int8 (VPDPBUSD) path
-// How far ahead of its reads a thread prefetches codes, in all: each of the `step` tiles it reads side by side
-// gets kPrefetchBytes / step (one tile 4 KiB ahead, two 2 KiB each). Without prefetching, one row of Q6_K
-// streamed at 19 GB/s and Q8_0 at 30 GB/s from memory on a Zen5 (in cache: 65-180 GB/s, so the loop waited on
-// memory); with it 34-44 GB/s. One row of Q4_K from memory, 2 threads on a Zen5, in its slower (46-52 GB/s) and
-// faster (77-84 GB/s) memory states: one tile's stream 4 KiB ahead rather than 2 took 0.94-0.96x and 0.92x the
-// time; two tiles 4 KiB ahead each 1.02-1.06x and 0.93-0.97x (3 KiB each: 1.02-1.03x and 0.93-0.95x).
-constexpr int64_t kPrefetchBytes = 4096;
+// How far ahead of its reads a thread prefetches each stream of codes: `streams` tiles read side by side. Without
+// prefetching, one row of Q6_K streamed at 19 GB/s and Q8_0 at 30 GB/s from memory on a Zen5 (in cache:
+// 65-180 GB/s, so the loop waited on memory); with it 34-44 GB/s. This Zen5's memory runs in a slower (46-52 GB/s)
+// and a faster (77-84 GB/s) state, and the best distance moves with it: one row of Q4_K and Q6_K from memory, 2
+// threads, one tile's stream 6 KiB ahead against 2 KiB two tiles side by side (`vnni_tiles_per_step`) took
+// 0.87-1.02x the time in the slower state and 0.85-0.94x in the faster one; 4 KiB 0.86-1.01x and 0.90-1.03x,
+// 8 KiB 0.90-1.06x and 0.83-0.91x. Two streams 4 KiB ahead each rather than 2 took 1.02-1.06x and 0.93-0.97x.
+constexpr int64_t prefetch_bytes(int streams) { return streams == 1 ? 6144 : 2048; }
 
 // Quad r of a group's codes: 64 unsigned bytes, byte 4c + i = code of column c at position 4r + i.
 template <int BITS>
@@ -238,7 +239,7 @@ struct RowsKernels {
   }
 };
 
-// Where a tile's code stream is prefetched while group g is read: kPrefetchBytes / step further on. Past the
+// Where a tile's code stream is prefetched while group g is read: prefetch_bytes(step) further on. Past the
 // register tile's end (tiles tile0 .. tile0 + step - 1) that is the same place in the next `step` tiles, this
 // thread's next register tile (at::parallel_for gives each thread a contiguous range; past a weight's end a
 // prefetch is harmless), not the start of the tile after this one (one of the same register tile, read
@@ -247,7 +248,7 @@ struct RowsKernels {
 template <int BITS>
 inline const uint8_t* codes_ahead(const Weight& w, int64_t tile0, int step, int j, int64_t g) {
   constexpr int64_t bytes = group_bytes(BITS);
-  const int64_t tile_bytes = w.groups * bytes, at = g * bytes + kPrefetchBytes / step;
+  const int64_t tile_bytes = w.groups * bytes, at = g * bytes + prefetch_bytes(step);
   const bool next = BITS != 8 && at >= tile_bytes;
   return w.codes + (tile0 + j + (next ? step : 0)) * tile_bytes + (next ? at - tile_bytes : at);
 }
@@ -366,7 +367,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
-  constexpr int64_t kAheadGroups = kPrefetchBytes / NB / bytes;
+  constexpr int64_t kAheadGroups = prefetch_bytes(NB) / bytes;
   // k-quants' super-block scales d and dm, converted once per super-block rather than once per sub-block: at
   // one or two rows (one thread in cache: Q4_K 0.95x / 0.90x the time at 1 / 2 rows, Q6_K 0.92x at one row;
   // 3 rows gained nothing, 4 leave no registers for them)
@@ -383,7 +384,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
           if constexpr (MIN) dm_super[j] = halves16(w.dm + super_at);
         }
     }
-    // The codes and scales kPrefetchBytes / NB of codes ahead, past these tiles' end those of the next NB tiles
+    // The codes and scales prefetch_bytes(NB) of codes ahead, past these tiles' end those of the next NB tiles
     // (codes_ahead)
     const int64_t ahead_group = g + kAheadGroups;
     const bool past_end = BITS != 8 && ahead_group >= w.groups;
@@ -494,19 +495,14 @@ struct VnniKernels {
 
 // Tiles per register tile of the int8 path. Two share each broadcast of x (less work per byte) but make a
 // thread read two streams of codes that break off at every tile's end; one tile at a time reads one unbroken
-// stream. One row of x, from memory, 2 threads on a Zen5, one tile against two: a row of 2,048 codes (Q4_K,
-// Q4_1, Q6_K, Q8_0; 4,096 to 128,256 output rows) 0.85-0.91x the time in the slower memory state, 0.90-0.92x in
-// the faster one; 3,072 codes 0.94x; 4,096 and 8,192 codes 0.98-1.07x; 2,048 and 2,560 output rows 0.95x in
-// one state, 1.07-1.09x in the other; 4 rows of x 1.32x.
-int64_t vnni_tiles_per_step(int64_t m, int64_t k, int64_t tiles) {
-  constexpr int64_t kOneStreamMaxCols = 3072, kOneStreamMinTiles = 256;
-  return m == 1 && k <= kOneStreamMaxCols && tiles >= kOneStreamMinTiles ? 1 : kMaxTiles;
-}
+// stream. For one row of x that is the faster (prefetch_bytes has the measurements); at 2 rows of x it was level
+// and at 4 rows 1.32x the time (Q4_K, 16,384 x 2,048).
+int64_t vnni_tiles_per_step(int64_t m) { return m == 1 ? 1 : kMaxTiles; }
 
 template <int BITS, int SUB, bool SC, bool MIN>
 void run_vnni(const QuantizedRows& x, int64_t m, const Weight& w, float* y, int64_t ldy, int64_t n) {
   static const TileTable<VnniFn, kVnniMaxRows, VnniKernels<BITS, SUB, SC, MIN>> table;
-  const int64_t tiles = (n + kCols - 1) / kCols, step = vnni_tiles_per_step(m, x.k, tiles);
+  const int64_t tiles = (n + kCols - 1) / kCols, step = vnni_tiles_per_step(m);
   const int64_t tile_groups = (tiles + step - 1) / step;
   at::parallel_for(0, tile_groups, 1, [&](int64_t q0, int64_t q1) {
     for (int64_t q = q0; q < q1; ++q) {
