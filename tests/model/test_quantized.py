@@ -141,19 +141,18 @@ def test_quantized_kernel_multiplies_the_exact_weights(qtype: str, batch: int) -
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q4_K", "Q6_K"])
 def test_one_row_of_a_long_weight(qtype: str) -> None:
-    """One row of x against a long weight (the int8 path then reads one tile at a time, in one stream; more
-    rows of x read two tiles at a time): the exact weights, and the same values as that row in a batch of
-    two."""
+    """One row of x against a long weight (the int8 path then reads one tile at a time, in one stream; three
+    rows of x read two tiles at a time): the exact weights, and the same values as that row among three."""
     rows, cols = 4096 + 17, 2048
     u = quantized.unpack(random_quantized(qtype, rows, cols, seed=3))
     w = quantized.pack(u)
-    x = torch.randn(2, cols, generator=torch.Generator().manual_seed(3))
-    one, two = torch.full((1, rows), float("nan")), torch.full((2, rows), float("nan"))
-    kernels.quant_gemm(x[:1], w, one, int8_rows=2)
-    kernels.quant_gemm(x, w, two, int8_rows=2)
+    x = torch.randn(3, cols, generator=torch.Generator().manual_seed(3))
+    one, three = torch.full((1, rows), float("nan")), torch.full((3, rows), float("nan"))
+    kernels.quant_gemm(x[:1], w, one, int8_rows=3)
+    kernels.quant_gemm(x, w, three, int8_rows=3)
     want = reference_vnni(x[:1], u)
     assert ((one.double() - want).abs().max() / want.abs().max()).item() <= 2e-6
-    assert torch.equal(one[0], two[0])
+    assert torch.equal(one[0], three[0])
 
 
 @pytest.mark.parametrize("batch", [9, 33, 65, 300])

@@ -63,8 +63,11 @@ constexpr int kVnniMaxRows = 4;    // rows of x per register tile of the int8 (V
 // and a faster (77-84 GB/s) state, and the best distance moves with it: one row of Q4_K and Q6_K from memory, 2
 // threads, one tile's stream 6 KiB ahead against 2 KiB two tiles side by side (`vnni_tiles_per_step`) took
 // 0.87-1.02x the time in the slower state and 0.85-0.94x in the faster one; 4 KiB 0.86-1.01x and 0.90-1.03x,
-// 8 KiB 0.90-1.06x and 0.83-0.91x. Two streams 4 KiB ahead each rather than 2 took 1.02-1.06x and 0.93-0.97x.
-constexpr int64_t prefetch_bytes(int streams) { return streams == 1 ? 6144 : 2048; }
+// 8 KiB 0.90-1.06x and 0.83-0.91x. Two streams, one row of x: 4 KiB ahead each rather than 2 took 1.02-1.06x and
+// 0.93-0.97x; where two streams serve 3 to 32 rows of x (decode of several sequences; the tile path's prefill),
+// 3 KiB each against 2, slower state: 4 and 8 rows 0.94-0.96x, 3 rows 1.01-1.02x (1B Q4_K_M decode steps of
+// 4 and 8 sequences 0.99x and 0.97x, prefill of 16 tokens 0.99x).
+constexpr int64_t prefetch_bytes(int streams) { return streams == 1 ? 6144 : 3072; }
 
 // Quad r of a group's codes: 64 unsigned bytes, byte 4c + i = code of column c at position 4r + i.
 template <int BITS>
@@ -495,9 +498,10 @@ struct VnniKernels {
 
 // Tiles per register tile of the int8 path. Two share each broadcast of x (less work per byte) but make a
 // thread read two streams of codes that break off at every tile's end; one tile at a time reads one unbroken
-// stream. For one row of x that is the faster (prefetch_bytes has the measurements); at 2 rows of x it was level
-// and at 4 rows 1.32x the time (Q4_K, 16,384 x 2,048).
-int64_t vnni_tiles_per_step(int64_t m) { return m == 1 ? 1 : kMaxTiles; }
+// stream. For one row of x that is the faster (prefetch_bytes has the measurements); for 2 rows, one tile 6 KiB
+// ahead took 0.86-0.91x the time of two 2 KiB ahead (Q4_K, 16,384 x 2,048 and 2,048 x 8,192, both memory states;
+// a 1B Q4_K_M decode step of 2 sequences 0.86x); for 4 rows, one tile 2 KiB ahead took 1.32x.
+int64_t vnni_tiles_per_step(int64_t m) { return m <= 2 ? 1 : kMaxTiles; }
 
 template <int BITS, int SUB, bool SC, bool MIN>
 void run_vnni(const QuantizedRows& x, int64_t m, const Weight& w, float* y, int64_t ldy, int64_t n) {
