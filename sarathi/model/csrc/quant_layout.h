@@ -24,7 +24,7 @@ constexpr int group_bytes(int bits) { return bits == 8 ? 512 : 256 + (bits - 4) 
 inline void prefetch_codes(const uint8_t* codes, int64_t bytes, int64_t ahead) {
   const char* p = reinterpret_cast<const char*>(codes) + ahead;
 #pragma GCC unroll 8
-  for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
+  for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(p + line, _MM_HINT_NTA);
 }
 
 // Sub-blocks per scale d: k-quants' 256-weight super-blocks, or one (a compile-time constant: a division per
