@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from benchmarks.model_forward import QUANTIZED, case_floor, gguf_file, ours_decode, read_rate
+from benchmarks.model_forward import QUANTIZED, case_floor, ours_decode, quantized_file, read_rate
 from benchmarks.record import save_result
 from sarathi.model.linear import Linear
 from sarathi.model.loader import load_model
@@ -51,11 +51,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=240.0, help="how long to sample (default 240)")
     parser.add_argument("--split", type=float, default=62.0, help="GB/s between the two states (default 62)")
     args = parser.parse_args()
-    path = (
-        None
-        if (args.model, args.precision) == ("smollm2", "Q4_1")
-        else str(gguf_file(args.precision, args.model))
-    )
+    path = quantized_file(args.precision, args.model)
     model, arch, _ = load_model(path, dtype=torch.bfloat16, compute_dtype=torch.bfloat16, quantization="gguf")
     linear_bytes = sum(m.weight_bytes for m in model.modules() if isinstance(m, Linear))
     # the bytes floor only (a compute rate no step approaches at one sequence)

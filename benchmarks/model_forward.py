@@ -295,6 +295,11 @@ def gguf_file(name: str, model: str = "smollm2"):
     return ensure_gguf("BF16" if name == "bf16-math" else name, src=source_gguf(model))
 
 
+def quantized_file(name: str, model: str) -> str | None:
+    """The file a quantized precision is served from: None (the embedded model) for SmolLM2's shipped Q4_1."""
+    return None if (name, model) == ("Q4_1", "smollm2") else str(gguf_file(name, model))
+
+
 def compare_llama_cpp(
     rows: list[dict],
     reps: int,
@@ -412,7 +417,7 @@ def main() -> None:
         if quantized:  # as served: bf16 math where the AVX512-BF16 kernels run, else float32 (AVX2 path)
             compute = resolve_compute_dtype(dtype, "auto")
         if quantized:  # served from the file's own blocks
-            path = None if (name, args.model) == ("Q4_1", "smollm2") else str(gguf_file(name, args.model))
+            path = quantized_file(name, args.model)
             model, arch, _ = load_model(path, dtype=dtype, compute_dtype=compute, quantization="gguf")
         else:
             path = None if args.model == "smollm2" else str(gguf_file(name, args.model))

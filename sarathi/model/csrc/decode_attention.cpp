@@ -128,7 +128,7 @@ void attend_group(
 #pragma GCC unroll 16
     for (int i = 0; i < VECS; ++i) qv[h][i] = _mm512_mul_ps(_mm512_loadu_ps(q + h * d + i * kLanes), _mm512_set1_ps(scale));
   // Each key's REP dot products wait here as 16 partial sums until 16 keys are in: then sum_lanes16 reduces
-  // them together (a reduction per key was most of this pass).
+  // them together (a reduction per key took ~9 instructions of its own).
   alignas(64) float pending[REP][kLanes][kLanes];
   int64_t held = 0, j0 = 0;
   for_each_key(k_head, v_head, table, first, context, block_size, d, [&](int64_t j, const T* key) {

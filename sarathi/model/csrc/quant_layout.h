@@ -20,7 +20,8 @@ constexpr int kFine = 1 << kFineShift;
 constexpr int group_bytes(int bits) { return bits == 8 ? 512 : 256 + (bits - 4) * 64; }
 
 // Prefetches the cache lines of the `bytes` codes that lie `ahead` bytes past `codes` (a prefetch never
-// faults, so past the weight's end is harmless).
+// faults, so past the weight's end is harmless), non-temporally: codes are read once a step, and a step's
+// ~800 MB streamed in the usual way evicted what the next kernels need (1B Q4_K_M decode 0.965x the time, Zen5).
 inline void prefetch_codes(const uint8_t* codes, int64_t bytes, int64_t ahead) {
   const char* p = reinterpret_cast<const char*>(codes) + ahead;
 #pragma GCC unroll 8
