@@ -21,8 +21,9 @@
   float32 sums (`csrc/quant_gemm.cpp`, layout from `sarathi/model/quantized.py`).
 - `quant_rows`: rows of such a weight dequantized to float32: a quantized token table's lookup
   (`csrc/quant_rows.cpp`).
-- `decode_layer`: a Llama-family layer over decodes only, its quantized GEMVs and fused steps in one call
-  (`csrc/decode_layer.cpp`): at one sequence the Python between a layer's kernels costs half as much again.
+- `decode_layers`: consecutive Llama-family layers over decodes only, their quantized GEMVs and fused steps
+  in one call (`csrc/decode_layer.cpp`): at one sequence the Python between a layer's kernels costs half as
+  much again, and each layer's call and the Python between layers ~20 us more.
 - `mask_logits_by_bitmask`: structured outputs' packed token bitmask applied to logit rows in place
   (`csrc/token_bitmask.cpp`).
 
@@ -32,7 +33,7 @@ Where that cannot happen (no compiler, a CPU without AVX512-BF16, or `SARATHI_KE
 False, a one-line notice says why, and callers keep PyTorch's kernels. On a CPU with AVX2 but without
 AVX512-BF16 (AMD Zen 2/3, older Intel Xeons) the kernels with an AVX2 build still run: the quantized-weight
 kernels (`csrc/quant_gemm_avx2.cpp`), `rms_norm_f32`, the float32 fused steps, `decode_attention`,
-`rope_write_kv` and `decode_layer`: `portable_available()`. Where AVX-512 VNNI runs without AVX512-BF16
+`rope_write_kv` and `decode_layers`: `portable_available()`. Where AVX-512 VNNI runs without AVX512-BF16
 (Intel Cascade Lake, Ice Lake: `level()` "vnni") `quant_gemm` multiplies on AVX-512 VNNI, at any row count,
 and the rest is the AVX2 builds. `SARATHI_KERNELS=avx2` (or `vnni`) runs an AVX-512 CPU as such a CPU would
 run: to test and time those paths there.
@@ -146,7 +147,7 @@ def available() -> bool:
 
 def portable_available() -> bool:
     """Whether the kernels with an AVX2 build run here (`quant_gemm`, `quant_linear`, `quant_rows`,
-    `rms_norm_f32` and the float32 fused steps, `decode_attention`, `rope_write_kv`, `decode_layer` over
+    `rms_norm_f32` and the float32 fused steps, `decode_attention`, `rope_write_kv`, `decode_layers` over
     float32 layers): every AVX-512 BF16 CPU, and any with AVX2, FMA and F16C."""
     return _level() in ("full", "vnni", "avx2")
 
@@ -204,49 +205,49 @@ def quant_linear(x: torch.Tensor, w: PackedQuant) -> torch.Tensor:
     )
 
 
-def decode_layer(
+def decode_layers(
     h: torch.Tensor,
-    weights: DecodeLayerWeights,
+    run: DecodeRun,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_caches: list[torch.Tensor],
+    v_caches: list[torch.Tensor],
     slot_mapping: torch.Tensor,
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
-    scale: float,
     window: int,
 ) -> None:
-    """One Llama-family decoder layer over decodes only, h (float32 [T, hidden]) updated in place: the same
-    kernels as the Python layer's fused path in one call (`csrc/decode_layer.cpp`)."""
-    torch.ops.sarathi_kernels.decode_layer(
+    """Consecutive Llama-family decoder layers over decodes only, h (float32 [T, hidden]) updated in place:
+    the same kernels as the Python layers' fused path, in one call (`csrc/decode_layer.cpp`); one K and one
+    V cache per layer of the run."""
+    torch.ops.sarathi_kernels.decode_layers(
         h,
-        weights.norms,
-        weights.tensors,
-        weights.segments,
-        weights.widths,
+        run.norms,
+        run.tensors,
+        run.segments,
+        run.layout,
         cos,
         sin,
-        k_cache,
-        v_cache,
+        k_caches,
+        v_caches,
         slot_mapping,
         block_tables,
         context_lens,
-        weights.heads,
-        weights.head_dim,
-        scale,
+        run.heads,
+        run.head_dim,
+        run.scale,
         window,
-        weights.eps,
-        weights.gelu,
-        weights.qk_norm,
-        weights.sandwich,
-        weights.f32,
+        run.eps,
+        run.gelu,
+        run.qk_norm,
+        run.sandwich,
+        run.f32,
     )
 
 
 @dataclass(frozen=True)
 class DecodeLayerWeights:
-    """A layer's weights as `decode_layer` takes them: the norms (input, post-attention, then q and k with
+    """A layer's weights as `decode_layers` takes them: the norms (input, post-attention, then q and k with
     `qk_norm`, then pre- and post-feed-forward with `sandwich`); 5 tensors and 6 ints (linear, first row,
     rows, bits, sub, zero) per quantized segment of qkv, o, gate_up and down, and their output widths; `f32`:
     a float32 layer's steps (float32 results), else bf16 math's."""
@@ -274,6 +275,65 @@ class DecodeLayerWeights:
                 tensors += [w.codes, w.d, w.sc, w.dm, w.mc]
                 segments += [which, row, w.rows, w.bits, w.sub, w.zero]
         return tensors, segments
+
+
+@dataclass(frozen=True)
+class DecodeRun:
+    """Consecutive layers' weights as one `decode_layers` call takes them: every layer's norms, tensors and
+    segment ints in order, 5 layout ints per layer (its number of segments, then its 4 output widths), and
+    what the layers share (head layout, attention scale, norm epsilon, activation, norms, step dtype)."""
+
+    norms: list[torch.Tensor]
+    tensors: list[torch.Tensor]
+    segments: list[int]
+    layout: list[int]
+    heads: int
+    head_dim: int
+    scale: float
+    eps: float
+    gelu: bool
+    qk_norm: bool
+    sandwich: bool
+    f32: bool
+
+    @staticmethod
+    def shared(layer: DecodeLayerWeights, scale: float) -> tuple:
+        """What layers must have in common to run in one call."""
+        return (
+            layer.heads,
+            layer.head_dim,
+            scale,
+            layer.eps,
+            layer.gelu,
+            layer.qk_norm,
+            layer.sandwich,
+            layer.f32,
+        )
+
+    @classmethod
+    def of(cls, layers: list[DecodeLayerWeights], scale: float) -> DecodeRun:
+        """One run of `layers` (sharing `shared`), with the attention `scale` they all use."""
+        keys = {cls.shared(layer, scale) for layer in layers}
+        if len(keys) != 1:
+            raise ValueError(f"decode_layers: a run's layers differ in {sorted(map(str, keys))}")
+        first = layers[0]
+        layout: list[int] = []
+        for layer in layers:
+            layout += [len(layer.tensors) // 5, *layer.widths]
+        return cls(
+            [t for layer in layers for t in layer.norms],
+            [t for layer in layers for t in layer.tensors],
+            [i for layer in layers for i in layer.segments],
+            layout,
+            first.heads,
+            first.head_dim,
+            scale,
+            first.eps,
+            first.gelu,
+            first.qk_norm,
+            first.sandwich,
+            first.f32,
+        )
 
 
 def rms_norm_f32(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -222,31 +222,15 @@ class DecoderLayer(nn.Module):
                 arch.hidden_size, arch.rms_norm_eps, torch.float32, device
             )
         self.fused, self.eps, self.act_dtype = dtypes.fused(device), arch.rms_norm_eps, dtypes.compute
-        # (cache dtype, the weights `kernels.decode_layer` runs this layer with, or None), set on first use
+        # (cache dtype, the weights `kernels.decode_layers` runs this layer with, or None), set on first use
         self._decode_kernel: tuple[torch.dtype, kernels.DecodeLayerWeights | None] | None = None
 
     def forward(
         self, h: torch.Tensor, inputs: LayerInputs, kv: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
-        """h [T, hidden] float32 -> [T, hidden] float32 (fused: updated in place and returned)."""
-        if self.fused and not inputs.meta.prefills and inputs.plan.decode_in_place:
-            weights = self._decode_layer_weights(kv[0])
-            if weights is not None:  # decodes only: the fused path below in one kernel call
-                plan = inputs.plan
-                kernels.decode_layer(
-                    h,
-                    weights,
-                    inputs.cos,
-                    inputs.sin,
-                    kv[0],
-                    kv[1],
-                    inputs.meta.slot_mapping,
-                    plan.decode_tables,
-                    plan.decode_lens,
-                    self.self_attn.scale,
-                    plan.decode_window,
-                )
-                return h
+        """h [T, hidden] float32 -> [T, hidden] float32 (fused: updated in place and returned). A batch of
+        decodes only is run by `LlamaForCausalLM` through `kernels.decode_layers` where this layer composes
+        (`decode_layer_weights`): the same kernels in one call."""
         if self.fused and self.sandwich:  # each output normalized, added and the sum normalized: one pass
             act = self.act_dtype
             x = kernels.add_rms_norm(h, None, self.input_layernorm.weight, self.eps, act)
@@ -267,8 +251,8 @@ class DecoderLayer(nn.Module):
         h = h + self.self_attn(self.input_layernorm(h), inputs, kv)
         return h + self.mlp(self.post_attention_layernorm(h))
 
-    def _decode_layer_weights(self, k_cache: torch.Tensor) -> kernels.DecodeLayerWeights | None:
-        """What `kernels.decode_layer` runs this layer with, or None where it does not compose this layer:
+    def decode_layer_weights(self, k_cache: torch.Tensor) -> kernels.DecodeLayerWeights | None:
+        """What `kernels.decode_layers` runs this layer with, or None where it does not compose this layer:
         a linear not quantized or with a bias, more than one TP rank, or the RoPE kernel not serving this
         cache. Decided once per cache dtype."""
         if self._decode_kernel is None or self._decode_kernel[0] != k_cache.dtype:
@@ -359,6 +343,7 @@ class LlamaForCausalLM(nn.Module):
         )
         self.register_buffer("local_inv_freq", local_inv_freq.to(device), persistent=False)
         self._workspace = GatherWorkspace()
+        self._decode_runs: dict[torch.dtype, list[tuple[int, int, kernels.DecodeRun | None]]] = {}
 
     @torch.inference_mode()
     def forward(
@@ -404,14 +389,55 @@ class LlamaForCausalLM(nn.Module):
                 inv_freq = self.local_inv_freq if sliding else self.inv_freq
                 rotations[sliding] = rope_cos_sin(positions, inv_freq)
             inputs[g] = self._layer_inputs(*rotations[sliding], meta, kv_caches)
-        for layer, kv, g in zip(self.layers, kv_caches, self.layer_group, strict=True):
-            h = layer(h, inputs[g], kv)
+        for start, end, run in self._layer_runs(kv_caches[0][0]):
+            layer_inputs = inputs[self.layer_group[start]]
+            plan = layer_inputs.plan
+            if run is not None and not layer_inputs.meta.prefills and plan.decode_in_place:
+                kernels.decode_layers(
+                    h,
+                    run,
+                    layer_inputs.cos,
+                    layer_inputs.sin,
+                    [kv[0] for kv in kv_caches[start:end]],
+                    [kv[1] for kv in kv_caches[start:end]],
+                    layer_inputs.meta.slot_mapping,
+                    plan.decode_tables,
+                    plan.decode_lens,
+                    plan.decode_window,
+                )
+                continue
+            for layer, kv in zip(self.layers[start:end], kv_caches[start:end], strict=True):
+                h = layer(h, layer_inputs, kv)
         if self.lm_head is None:
             return h
         h = self.norm(h.index_select(0, logits_indices))
         logits = self.lm_head(h).float()
         cap = self.arch.final_logit_softcapping
         return logits if not cap else torch.tanh(logits / cap) * cap
+
+    def _layer_runs(self, k_cache: torch.Tensor) -> list[tuple[int, int, kernels.DecodeRun | None]]:
+        """The layers as runs [start, end) of one KV-cache group: a run `kernels.decode_layers` takes in one
+        call for a batch of decodes only (layers that compose there and share what `DecodeRun.shared` names),
+        or a single layer (run None) that goes through its module. Decided once per cache dtype."""
+        if k_cache.dtype not in self._decode_runs:
+            runs: list[tuple[int, int, kernels.DecodeRun | None]] = []
+            start, key, members = 0, None, []
+            for i, layer in enumerate([*self.layers, None]):
+                weights = None if layer is None else layer.decode_layer_weights(k_cache)
+                this = None
+                if weights is not None and layer.fused:
+                    this = (self.layer_group[i], kernels.DecodeRun.shared(weights, layer.self_attn.scale))
+                if members and (this is None or this != key):  # the run so far ends here
+                    runs.append((start, i, kernels.DecodeRun.of(members, key[1][2])))
+                    members = []
+                if layer is not None and this is None:
+                    runs.append((i, i + 1, None))
+                elif layer is not None:
+                    if not members:
+                        start, key = i, this
+                    members.append(weights)
+            self._decode_runs[k_cache.dtype] = runs
+        return self._decode_runs[k_cache.dtype]
 
     def _layer_inputs(
         self, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata, kv_caches: KVCache

@@ -90,7 +90,7 @@ def test_load_time_quantization_of_a_safetensors_checkpoint(quantization, prompt
 
 @pytest.mark.parametrize("family", ["smollm2", "gemma3", "qwen3"])
 def test_decode_layer_kernel_is_the_layer_by_layer_path_bit_for_bit(family, tmp_path, monkeypatch) -> None:
-    """Decodes only: `kernels.decode_layer` runs each layer's kernels in one call. Same logits and same K/V
+    """Decodes only: `kernels.decode_layers` runs the layers' kernels in one call. Same logits and same K/V
     writes as the Python layer, bit for bit: SmolLM2's file with one layer's qkv made of two formats (two
     kernel calls), and random Gemma 3 (sandwich norms, QK-norm, GELU, sliding window 16) and Qwen3 (QK-norm)
     quantized at load. In the compute dtype `auto` serves: bf16 math (AVX-512), or float32 layers (AVX2)."""
@@ -133,7 +133,16 @@ def test_decode_layer_kernel_is_the_layer_by_layer_path_bit_for_bit(family, tmp_
 
     fused, fused_kv = run()
     assert all(layer._decode_kernel[1] is not None for layer in model.layers)
-    monkeypatch.setattr(DecoderLayer, "_decode_layer_weights", lambda self, k_cache: None)
+    runs = model._decode_runs[torch.bfloat16]
+    assert all(run is not None for _, _, run in runs)
+    # one call for all layers, or for each span of consecutive layers in one KV-cache group (Gemma 3's)
+    starts = [i for i, g in enumerate(model.layer_group) if i == 0 or g != model.layer_group[i - 1]]
+    assert [(start, end) for start, end, _ in runs] == list(
+        zip(starts, [*starts[1:], len(model.layers)], strict=True)
+    )
+    assert len(runs) == 1 or family == "gemma3"
+    monkeypatch.setattr(DecoderLayer, "decode_layer_weights", lambda self, k_cache: None)
+    model._decode_runs.clear()
     layered, layered_kv = run()
     assert torch.equal(fused, layered)
     assert all(torch.equal(a, b) for a, b in zip(fused_kv, layered_kv, strict=True))
