@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernel_ops.h"
+#include "parallel_ranges.h"  // before the target pragmas: plain x86-64 code
 
 // The task split and vec_math.h, compiled for AVX-512 here (run only where cpu_supported() says so).
 #pragma GCC push_options

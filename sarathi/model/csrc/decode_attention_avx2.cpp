@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "kernel_ops.h"
+#include "parallel_ranges.h"  // before the target pragmas: plain x86-64 code
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")

@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "parallel_ranges.h"
+
 namespace sarathi_kernels {
 namespace {
 
@@ -100,8 +102,10 @@ void run_tasks(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor&
   at::Tensor partial = at::empty({part0[batch] * heads * (d + 2)}, q.options());
   float* pp = partial.data_ptr<float>();
   float* stat_p = pp + part0[batch] * heads * d;
-  at::parallel_for(0, task0[batch], 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores(static_cast<size_t>(per_unit * kChunkKeys)), own_stats(2 * per_unit);
+  // a thread that runs out of tasks takes the last ones of the other's share (parallel_ranges.h)
+  parallel_stealing(task0[batch], 1, [&](int64_t t0, int64_t t1) {
+    thread_local std::vector<float> scores, own_stats;
+    scores.resize(static_cast<size_t>(per_unit * kChunkKeys)), own_stats.resize(2 * per_unit);
     int64_t b = std::upper_bound(task0.begin(), task0.end(), t0) - task0.begin() - 1;
     for (int64_t t = t0; t < t1; ++t) {
       while (t >= task0[b + 1]) ++b;

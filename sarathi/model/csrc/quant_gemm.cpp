@@ -36,6 +36,7 @@
 #include <immintrin.h>
 
 #include "kernel_ops.h"
+#include "parallel_ranges.h"
 #include "quant_layout.h"
 
 #include <algorithm>
@@ -244,7 +245,7 @@ struct RowsKernels {
 
 // Where a tile's code stream is prefetched while group g is read: prefetch_bytes(step) further on. Past the
 // register tile's end (tiles tile0 .. tile0 + step - 1) that is the same place in the next `step` tiles, this
-// thread's next register tile (at::parallel_for gives each thread a contiguous range; past a weight's end a
+// thread's next register tile (parallel_stealing gives each thread contiguous claims; past a weight's end a
 // prefetch is harmless), not the start of the tile after this one (one of the same register tile, read
 // already). One row from memory, 2 threads on a Zen5: Q4_K, Q4_1 and Q5_K 0.91-0.92x the time, Q6_K 0.99x; Q8_0
 // was 1.03x (not understood), so 8-bit codes keep the plain distance.
@@ -270,7 +271,7 @@ void run(const int32_t* x, int64_t m, int64_t k, const float* xsum, const Weight
   const int64_t tiles = (n + kCols - 1) / kCols, ldx_pairs = k / 2, ldsum = k / SUB;
   const int64_t bytes = group_bytes(BITS), tile_stride = kChunkGroups * kPairs * 32;
   const int64_t tile_groups = (tiles + kMaxTiles - 1) / kMaxTiles;
-  at::parallel_for(0, tile_groups, 1, [&](int64_t q0, int64_t q1) {
+  parallel_stealing(tile_groups, 1, [&](int64_t q0, int64_t q1) {
     alignas(64) uint16_t scratch[kMaxTiles * kChunkGroups * kPairs * 32];
     for (int64_t q = q0; q < q1; ++q) {
       const int64_t tile0 = q * kMaxTiles;
@@ -535,7 +536,10 @@ void run_vnni(const QuantizedRows& x, int64_t m, const Weight& w, float* y, int6
   static const TileTable<VnniFn, kVnniMaxRows, VnniKernels<BITS, SUB, SC, MIN>> table;
   const int64_t tiles = (n + kCols - 1) / kCols, step = vnni_tiles_per_step(m);
   const int64_t tile_groups = (tiles + step - 1) / step;
-  at::parallel_for(0, tile_groups, 1, [&](int64_t q0, int64_t q1) {
+  // a claim of ~64 KiB of codes: a compare-and-swap per claim is nothing beside it, and the threads end
+  // within one claim's time of each other
+  const int64_t grain = std::max<int64_t>(1, (64 << 10) / (step * w.groups * group_bytes(BITS)));
+  parallel_stealing(tile_groups, grain, [&](int64_t q0, int64_t q1) {
     for (int64_t q = q0; q < q1; ++q) {
       const int64_t tile0 = q * step;
       const int nb = static_cast<int>(std::min<int64_t>(step, tiles - tile0));

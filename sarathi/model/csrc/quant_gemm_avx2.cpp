@@ -13,6 +13,7 @@
 //
 // A tile of 16 output columns is two 8-lane halves: half h of quad r is bytes 32h..32h+31 of its 64.
 
+#include "parallel_ranges.h"  // before the target pragma: plain x86-64 code
 #include "quant_layout.h"
 
 #include <ATen/Parallel.h>
@@ -363,7 +364,9 @@ template <int BITS, int SUB, bool SC, bool MIN>
 void run(const QuantizedRows& x, int64_t m, const Weight& w, float* y, int64_t ldy, int64_t n) {
   const int64_t tiles = (n + kCols - 1) / kCols;
   const int16_t* x16 = BITS == 8 && m > 1 ? joined_terms(x, m) : nullptr;
-  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+  // claims of ~64 KiB of codes, the rest taken by whichever thread runs out first (parallel_ranges.h)
+  const int64_t grain = std::max<int64_t>(1, (64 << 10) / (w.groups * group_bytes(BITS)));
+  parallel_stealing(tiles, grain, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t col0 = t * kCols, cols = std::min<int64_t>(kCols, n - col0);
       int64_t r = 0;
