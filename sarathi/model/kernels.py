@@ -24,6 +24,7 @@
 - `decode_layers`: consecutive Llama-family layers over decodes only, their quantized GEMVs and fused steps
   in one call (`csrc/decode_layer.cpp`): at one sequence the Python between a layer's kernels costs half as
   much again, and each layer's call and the Python between layers ~20 us more.
+- `rope_tables`: RoPE's cos and sin tables for a batch of positions, one call (`csrc/rope_tables.cpp`).
 - `mask_logits_by_bitmask`: structured outputs' packed token bitmask applied to logit rows in place
   (`csrc/token_bitmask.cpp`).
 
@@ -336,10 +337,17 @@ class DecodeRun:
         )
 
 
-def rms_norm_f32(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm_f32(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    rows: torch.Tensor | None = None,
+    bf16: bool = False,
+) -> torch.Tensor:
     """x / rms(x) * weight over the last dimension of contiguous float32 x, one pass per row (needs
-    `portable_available()`: AVX2 code)."""
-    return torch.ops.sarathi_kernels.rms_norm_f32(x, weight, eps)
+    `portable_available()`: AVX2 code); with `rows` (int64 [K], x [T, n]) only those rows, in order; float32,
+    or with `bf16` rounded as `.to(torch.bfloat16)` rounds."""
+    return torch.ops.sarathi_kernels.rms_norm_f32(x, weight, eps, rows, bf16)
 
 
 def quant_rows(ids: torch.Tensor, w: PackedQuant) -> torch.Tensor:
@@ -431,6 +439,12 @@ def rope_write_kv(
         qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, return_kv, q_w, k_w, eps
     )
     return (q, k, v) if return_kv else (q, None, None)
+
+
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rope.rope_cos_sin`'s tables (float32 [T, 1, 2 * len(inv_freq)]) for int64 positions [T], each value
+    the float32 angle's cosine or sine computed in double and rounded once (needs `portable_available()`)."""
+    return torch.ops.sarathi_kernels.rope_tables(positions, inv_freq)
 
 
 def rope_kernel_serves(head_dim: int, cache: torch.Tensor) -> bool:

@@ -81,9 +81,16 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalize the last dimension of x (float32, the residual stream)."""
+        return self.rows(x, None)
+
+    def rows(self, x: torch.Tensor, indices: torch.Tensor | None) -> torch.Tensor:
+        """Normalize rows `indices` of x [T, dim] (all of x, any leading shape, when None): our kernel
+        selects, normalizes and rounds in one call where it runs."""
         cpu_rows = x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
-        if cpu_rows and kernels.portable_available():
-            return kernels.rms_norm_f32(x, self.weight, self.eps).to(self.out_dtype)
+        if cpu_rows and self.out_dtype in (torch.float32, torch.bfloat16) and kernels.portable_available():
+            return kernels.rms_norm_f32(x, self.weight, self.eps, indices, self.out_dtype == torch.bfloat16)
+        if indices is not None:
+            x = x.index_select(0, indices)
         return F.rms_norm(x.float(), self.weight.shape, self.weight, self.eps).to(self.out_dtype)
 
 
@@ -410,8 +417,9 @@ class LlamaForCausalLM(nn.Module):
                 h = layer(h, layer_inputs, kv)
         if self.lm_head is None:
             return h
-        h = self.norm(h.index_select(0, logits_indices))
-        logits = self.lm_head(h).float()
+        h = self.norm.rows(h, logits_indices)
+        logits = self.lm_head(h)
+        logits = logits if logits.dtype == torch.float32 else logits.float()
         cap = self.arch.final_logit_softcapping
         return logits if not cap else torch.tanh(logits / cap) * cap
 

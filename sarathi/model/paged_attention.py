@@ -51,8 +51,8 @@ class CacheReadPlan:
     decode_lens: torch.Tensor | None  # LongTensor[B]
     prefill_rows: tuple[torch.Tensor | None, ...]  # per prefill chunk, ordered (head, block); None if start 0
     decode_window: int  # > 0: decodes see only their `decode_window` latest keys
-    k_buffer: torch.Tensor  # flat, in the cache dtype, large enough for the biggest gather of this batch
-    v_buffer: torch.Tensor
+    k_buffer: torch.Tensor | None  # flat, cache dtype, large enough for the biggest gather (None: no gather)
+    v_buffer: torch.Tensor | None
     k_upcast: torch.Tensor | None  # same size in the compute dtype, when the cache holds a narrower one
     v_upcast: torch.Tensor | None
 
@@ -70,28 +70,34 @@ def plan_cache_reads(
     products (our chunk kernel, where it serves this cache); otherwise they attend in `compute_dtype`.
     """
     kv_heads, num_blocks, block_size, head_dim = k_cache.shape
-    head_offsets = torch.arange(kv_heads, device=meta.positions.device) * num_blocks
     decode_rows = decode_bias = decode_tables = decode_lens = None
     in_place = meta.decode is not None and decode_kernel_serves(k_cache, compute_dtype)
+    chunks_in_place = bf16_chunks and bool(meta.prefills) and chunk_kernel_serves(k_cache)
+    gathers = (meta.decode is not None and not in_place) or any(
+        p.reads_cache and not chunks_in_place for p in meta.prefills
+    )
+    # (a decode step read in place, the common case, makes no tensor here: each op costs ~10 us after the
+    # weights streamed by the previous step left every cache cold)
+    head_offsets = torch.arange(kv_heads, device=meta.positions.device) * num_blocks if gathers else None
     if in_place:
         decode_tables, decode_lens = meta.decode.block_tables, meta.decode.context_lens
     elif meta.decode is not None:
         tables = meta.decode.block_tables
         decode_rows = (tables[:, None, :] + head_offsets[None, :, None]).reshape(-1)
         decode_bias = meta.decode.attn_bias.repeat_interleave(kv_heads, dim=0)
-    chunks_in_place = bf16_chunks and bool(meta.prefills) and chunk_kernel_serves(k_cache)
     prefill_rows = tuple(
         (p.block_table[None, :] + head_offsets[:, None]).reshape(-1)
         if p.reads_cache and not chunks_in_place
         else None
         for p in meta.prefills
     )
-    most_rows = max([r.numel() for r in (decode_rows, *prefill_rows) if r is not None], default=0)
-    numel = most_rows * block_size * head_dim
-    k_buffer, v_buffer = workspace.get(numel, k_cache.dtype, k_cache.device)
-    k_upcast = v_upcast = None
-    if compute_dtype != k_cache.dtype:
-        k_upcast, v_upcast = workspace.get(numel, compute_dtype, k_cache.device)
+    k_buffer = v_buffer = k_upcast = v_upcast = None
+    if gathers:
+        most_rows = max(r.numel() for r in (decode_rows, *prefill_rows) if r is not None)
+        numel = most_rows * block_size * head_dim
+        k_buffer, v_buffer = workspace.get(numel, k_cache.dtype, k_cache.device)
+        if compute_dtype != k_cache.dtype:
+            k_upcast, v_upcast = workspace.get(numel, compute_dtype, k_cache.device)
     return CacheReadPlan(
         decode_rows,
         decode_bias,

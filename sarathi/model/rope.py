@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from sarathi.model import kernels
 from sarathi.model.config import RopeScaling
 
 
@@ -43,8 +44,12 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch
     """Per-token rotation tables for `apply_rope`, float32 [T, 1, head_dim] (broadcast over heads).
 
     cos is (cos, cos) and sin is (-sin, sin) over the two halves, so that the rotation is
-    x * cos + swap_halves(x) * sin.
+    x * cos + swap_halves(x) * sin. On CPU, our kernel makes both in one call where it runs, each value its
+    float32 angle's cosine or sine correctly rounded (`kernels.rope_tables`); elsewhere PyTorch's float32
+    cos and sin (within an ulp of those).
     """
+    if positions.device.type == "cpu" and inv_freq.device.type == "cpu" and kernels.portable_available():
+        return kernels.rope_tables(positions, inv_freq)
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     cos, sin = angles.cos(), angles.sin()
     return torch.cat((cos, cos), -1).unsqueeze(1), torch.cat((-sin, sin), -1).unsqueeze(1)

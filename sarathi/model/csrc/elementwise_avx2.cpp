@@ -115,19 +115,45 @@ at::Tensor gated_f32(const at::Tensor& gate_up, const char* name, Act act) {
 
 }  // namespace
 
-// x float32 [..., n] (contiguous), w float32 [n]: a new float32 tensor of x's shape.
-at::Tensor rms_norm_f32(const at::Tensor& x, const at::Tensor& w, double eps) {
+// x float32 [..., n] (contiguous), w float32 [n]: a new tensor of x's shape, float32 or (bf16) rounded to
+// bf16 to nearest even as PyTorch's .to(torch.bfloat16) rounds. With rows (int64 [K], x [T, n]): only those
+// rows of x, in that order, [K, n] (the final norm of the rows whose logits are wanted, in one call).
+at::Tensor rms_norm_f32(const at::Tensor& x, const at::Tensor& w, double eps, const std::optional<at::Tensor>& rows,
+                        bool bf16) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() >= 1, "rms_norm_f32: x must be contiguous float32");
   const int64_t n = x.size(-1);
   check_row_weight(w, n, "rms_norm_f32: w");
-  at::Tensor y = at::empty_like(x);
-  const int64_t rows = n == 0 ? 0 : x.numel() / n;
+  const bool picked = rows.has_value() && rows->defined();
+  at::Tensor index;
+  int64_t out_rows = n == 0 ? 0 : x.numel() / n;
+  if (picked) {
+    TORCH_CHECK(x.dim() == 2 && rows->dim() == 1 && rows->scalar_type() == at::kLong,
+                "rms_norm_f32: rows must be int64 [K] over x [T, n]");
+    index = rows->contiguous();
+    out_rows = index.size(0);
+    const int64_t* ip = index.data_ptr<int64_t>();
+    for (int64_t i = 0; i < out_rows; ++i)
+      TORCH_CHECK(ip[i] >= 0 && ip[i] < x.size(0), "rms_norm_f32: row ", ip[i], " outside x's ", x.size(0), " rows");
+  }
+  std::vector<int64_t> shape = x.sizes().vec();
+  if (picked) shape = {out_rows, n};
+  at::Tensor y = at::empty(shape, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
   float* xp = const_cast<float*>(x.data_ptr<float>());  // read only: no x to add
+  const int64_t* ip = picked ? index.data_ptr<int64_t>() : nullptr;
   const float* wp = w.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
   const float e = static_cast<float>(eps);
-  at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) scale_row(xp + r * n, add_inv_rms(xp + r * n, nullptr, n, e), wp, yp + r * n, n);
+  at::parallel_for(0, out_rows, 64, [&](int64_t r0, int64_t r1) {
+    std::vector<float> row(bf16 ? n : 0);
+    for (int64_t r = r0; r < r1; ++r) {
+      float* src = xp + (ip ? ip[r] : r) * n;
+      if (!bf16) {
+        scale_row(src, add_inv_rms(src, nullptr, n, e), wp, y.data_ptr<float>() + r * n, n);
+        continue;
+      }
+      scale_row(src, add_inv_rms(src, nullptr, n, e), wp, row.data(), n);
+      at::BFloat16* dst = y.data_ptr<at::BFloat16>() + r * n;
+      for (int64_t i = 0; i < n; ++i) dst[i] = at::BFloat16(row[i]);  // c10's round to nearest even
+    }
   });
   return y;
 }
@@ -209,7 +235,7 @@ at::Tensor gelu_mul_f32(const at::Tensor& gate_up) {
 namespace sarathi_kernels {
 
 TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
-  lib.def("rms_norm_f32(Tensor x, Tensor w, float eps) -> Tensor", &rms_norm_f32);
+  lib.def("rms_norm_f32(Tensor x, Tensor w, float eps, Tensor? rows=None, bool bf16=False) -> Tensor", &rms_norm_f32);
   lib.def("silu_mul_f32(Tensor gate_up) -> Tensor", &silu_mul_f32);
   lib.def("gelu_mul_f32(Tensor gate_up) -> Tensor", &gelu_mul_f32);
   lib.def("norm_add_rms_norm_f32(Tensor(a!) residual, Tensor x, Tensor w_x, Tensor? w_next, float eps) -> Tensor",
