@@ -396,7 +396,7 @@ class LlamaForCausalLM(nn.Module):
                 inv_freq = self.local_inv_freq if sliding else self.inv_freq
                 rotations[sliding] = rope_cos_sin(positions, inv_freq)
             inputs[g] = self._layer_inputs(*rotations[sliding], meta, kv_caches)
-        for start, end, run in self._layer_runs(kv_caches[0][0]):
+        for start, end, run in self._layer_runs(kv_caches[0][0]) if kv_caches else []:
             layer_inputs = inputs[self.layer_group[start]]
             plan = layer_inputs.plan
             if run is not None and not layer_inputs.meta.prefills and plan.decode_in_place:
