@@ -12,6 +12,7 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <atomic>
@@ -57,6 +58,7 @@ inline int64_t left(const Share& share) {
 template <typename Body>
 void parallel_stealing(int64_t n, int64_t grain, const Body& body) {
   using namespace parallel_ranges_detail;
+  TORCH_CHECK(n < (int64_t{1} << 32), "parallel_stealing: ", n, " items, more than a share's 32-bit positions hold");
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
   if (threads <= 1 || at::in_parallel_region()) {
     if (n > 0) body(0, n);
