@@ -234,15 +234,15 @@ def decode_layers(
         slot_mapping,
         block_tables,
         context_lens,
-        run.heads,
-        run.head_dim,
+        run.first.heads,
+        run.first.head_dim,
         run.scale,
         window,
-        run.eps,
-        run.gelu,
-        run.qk_norm,
-        run.sandwich,
-        run.f32,
+        run.first.eps,
+        run.first.gelu,
+        run.first.qk_norm,
+        run.first.sandwich,
+        run.first.f32,
     )
 
 
@@ -281,21 +281,15 @@ class DecodeLayerWeights:
 @dataclass(frozen=True)
 class DecodeRun:
     """Consecutive layers' weights as one `decode_layers` call takes them: every layer's norms, tensors and
-    segment ints in order, 5 layout ints per layer (its number of segments, then its 4 output widths), and
-    what the layers share (head layout, attention scale, norm epsilon, activation, norms, step dtype)."""
+    segment ints in order, 5 layout ints per layer (its number of segments, then its 4 output widths); what
+    the layers share (`shared`) as the first layer has it, and their attention scale."""
 
     norms: list[torch.Tensor]
     tensors: list[torch.Tensor]
     segments: list[int]
     layout: list[int]
-    heads: int
-    head_dim: int
+    first: DecodeLayerWeights
     scale: float
-    eps: float
-    gelu: bool
-    qk_norm: bool
-    sandwich: bool
-    f32: bool
 
     @staticmethod
     def shared(layer: DecodeLayerWeights, scale: float) -> tuple:
@@ -317,7 +311,6 @@ class DecodeRun:
         keys = {cls.shared(layer, scale) for layer in layers}
         if len(keys) != 1:
             raise ValueError(f"decode_layers: a run's layers differ in {sorted(map(str, keys))}")
-        first = layers[0]
         layout: list[int] = []
         for layer in layers:
             layout += [len(layer.tensors) // 5, *layer.widths]
@@ -326,14 +319,8 @@ class DecodeRun:
             [t for layer in layers for t in layer.tensors],
             [i for layer in layers for i in layer.segments],
             layout,
-            first.heads,
-            first.head_dim,
+            layers[0],
             scale,
-            first.eps,
-            first.gelu,
-            first.qk_norm,
-            first.sandwich,
-            first.f32,
         )
 
 

@@ -429,20 +429,20 @@ class LlamaForCausalLM(nn.Module):
         or a single layer (run None) that goes through its module. Decided once per cache dtype."""
         if k_cache.dtype not in self._decode_runs:
             runs: list[tuple[int, int, kernels.DecodeRun | None]] = []
-            start, key, members = 0, None, []
+            start, key, scale, members = 0, None, 1.0, []
             for i, layer in enumerate([*self.layers, None]):
                 weights = None if layer is None else layer.decode_layer_weights(k_cache)
                 this = None
                 if weights is not None and layer.fused:
                     this = (self.layer_group[i], kernels.DecodeRun.shared(weights, layer.self_attn.scale))
                 if members and (this is None or this != key):  # the run so far ends here
-                    runs.append((start, i, kernels.DecodeRun.of(members, key[1][2])))
+                    runs.append((start, i, kernels.DecodeRun.of(members, scale)))
                     members = []
                 if layer is not None and this is None:
                     runs.append((i, i + 1, None))
                 elif layer is not None:
                     if not members:
-                        start, key = i, this
+                        start, key, scale = i, this, layer.self_attn.scale
                     members.append(weights)
             self._decode_runs[k_cache.dtype] = runs
         return self._decode_runs[k_cache.dtype]
