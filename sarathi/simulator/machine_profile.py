@@ -33,7 +33,7 @@ from sarathi.cpu_identity import cpu_identity
 from sarathi.simulator.measured import MeasuredLatencyModel, Sample, cross_validate, fit
 
 PROFILE_ENV = "SARATHI_LATENCY_PROFILE"
-GRID_VERSION = 2
+GRID_VERSION = 3  # 3: short points warmed up in every pass (REWARM_TOKENS)
 # Mixed batches: a chunk of PREFILL_TOKENS after CONTEXT_LENS cached tokens with DECODE_BATCH_SIZES decodes.
 PREFILL_TOKENS = (0, 16, 64, 256, 512)
 DECODE_BATCH_SIZES = (0, 1, 4, 16, 32, 64)
@@ -51,6 +51,10 @@ LARGE_POINT_TOKENS = 1024
 OVERHEAD_REQUESTS = 24
 # Seconds a profile spends outside the grid (engine start, the overhead run, the fit), for the estimate.
 PROFILE_FIXED_SECONDS = 15.0
+# Points of at most this many new tokens are warmed up before every timed run, not only the first: after a
+# long iteration a short one runs ~1 ms slower on the caches it left (the fit then put the one-sequence
+# decode, and the default SLO with it, 20-30% above the engine's real decode iterations on a Zen5).
+REWARM_TOKENS = 64
 # Points a first fit misses by more than this fraction are timed again, with MISFIT_REPEATS repeats.
 MISFIT = 0.25
 MISFIT_REPEATS = 5
@@ -173,9 +177,11 @@ def predicted_profile_seconds(
             BatchShape.from_grid(point.prefill_tokens, point.decode_batch_size, point.context_len)
         )
 
+    rewarmed = sum(t(p) for p in repeated if fits(p) and p.num_tokens <= REWARM_TOKENS)
     return (
         PROFILE_FIXED_SECONDS
         + (repeats + 1) * sum(t(p) for p in repeated if fits(p))
+        + (repeats - 1) * rewarmed
         + sum(t(p) for p in large if fits(p))
     )
 
@@ -193,10 +199,15 @@ def profile_machine(config: EngineConfig, repeats: int = 2, progress: bool = Tru
         repeated, large = profile_grid_points(engine.max_model_len)
         repeated = [p for p in repeated if _fits(check_point, engine, p)]
         large = [p for p in large if _fits(check_point, engine, p)]
-        results = profile_grid(engine, repeated, repeats=repeats, progress=progress)
+        results = profile_grid(
+            engine, repeated, repeats=repeats, progress=progress, rewarm_tokens=REWARM_TOKENS
+        )
         results += profile_grid(engine, large, repeats=1, warmup=0, progress=progress)
         results = remeasure_misfits(
-            results, lambda points: profile_grid(engine, points, repeats=MISFIT_REPEATS, progress=progress)
+            results,
+            lambda points: profile_grid(
+                engine, points, repeats=MISFIT_REPEATS, progress=progress, rewarm_tokens=REWARM_TOKENS
+            ),
         )
         model = fit_profile(engine, results)
     finally:

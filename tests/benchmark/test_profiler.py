@@ -60,6 +60,20 @@ def test_tiny_grid_writes_csv_and_plot_and_frees_every_block(engine, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_short_points_are_warmed_up_in_every_pass(engine, monkeypatch):
+    """A short iteration right after a long one runs on the caches the long one left: points of at most
+    ``rewarm_tokens`` tokens get an untimed run before each timed one, the others only in the first pass."""
+    executor = engine.executor
+    runs: list[int] = []
+    real = executor.execute
+    monkeypatch.setattr(executor, "execute", lambda step: runs.append(step.num_tokens) or real(step))
+    short, long = GridPoint(0, 2, 8), GridPoint(8, 0, 8)
+    results = profile_grid(engine, [short, long], repeats=3, warmup=1, rewarm_tokens=2)
+    assert [r.repeats for r in results] == [3, 3]
+    assert runs == [2, 2, 8, 8] + [2, 2, 8] * 2  # warm-up then timed run; in later passes only the short one
+    assert engine.block_manager.num_used_blocks == 0
+
+
 def test_points_that_do_not_fit_are_refused_by_name(engine):
     # 4 decodes over 2000 tokens need 4 * 126 blocks; the pool has 256.
     with pytest.raises(ValueError, match=r"decode_batch_size=4, context_len=2000\).*KV blocks"):
