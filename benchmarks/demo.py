@@ -107,7 +107,7 @@ def main() -> int:
 def calibrate(settings: DemoSettings, token_budget: int | None):
     """The demo's plan on this machine (its profile is measured once if there is none), printed with the
     simulator's prediction of the four schedulers."""
-    from benchmarks.demo_plan import DEMO_SEARCH, plan_from_choice, reachable_slo, simulate_demo
+    from benchmarks.demo_plan import DEMO_SEARCH, demo_plan_for, plan_from_choice, simulate_demo
     from sarathi.simulator.auto_budget import (
         auto_budget_choice,
         choose_token_budget,
@@ -126,7 +126,7 @@ def calibrate(settings: DemoSettings, token_budget: int | None):
             made = auto_budget_choice(config, slo, progress=False, workload=workload, search=DEMO_SEARCH)
             return made if slo is None else dataclasses.replace(made, slo_reason=reason)
 
-        choice = reachable_slo(choose(None), model, choose)
+        plan = demo_plan_for(settings, model, choose)
     else:
         slo, reason = default_tbt_slo(model)
         choice = choose_token_budget(
@@ -141,7 +141,7 @@ def calibrate(settings: DemoSettings, token_budget: int | None):
             search=DEMO_SEARCH,
         )
         choice = dataclasses.replace(choice, profile_error=profile_error_label(model.metadata))
-    plan = plan_from_choice(settings, choice, model)
+        plan = plan_from_choice(settings, choice, model)
     print(plan.describe(), file=sys.stderr)
     predicted = simulate_demo(plan, model)
     rows = ", ".join(f"{name} {s['tbt_p99'] * 1e3:.0f} ms" for name, s in predicted.items())

@@ -8,7 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.demo_plan import DEMO_SEARCH, DemoSettings, plan_demo, predicted_wall_seconds, simulate_demo
+from benchmarks.demo_plan import (
+    DEMO_SEARCH,
+    SCHEDULERS,
+    SLO_MULTIPLES,
+    DemoSettings,
+    broken_promises,
+    plan_demo,
+    plan_from_choice,
+    predicted_wall_seconds,
+    simulate_demo,
+)
 from sarathi.simulator.auto_budget import choose_token_budget, one_sequence_decode_s
 from sarathi.simulator.machine_profile import predicted_profile_seconds
 from sarathi.simulator.measured import MeasuredLatencyModel
@@ -35,7 +45,9 @@ def test_profiles_are_kept():
 
 
 def test_the_calibrated_budget_meets_the_strict_slo_or_says_why_not(calibrated):
-    """The paper's strict SLO where some budget meets it (the Zen4s); else (the Zen3) its relaxed one."""
+    """The paper's strict SLO where the demo keeps its promises there (the Zen4s); else the next of 10x and
+    the relaxed 25x at which it does (the Zen5: budget 16 at the strict SLO, TTFT P99 ~2.5x vllm's; the
+    Zen3: no budget meets the strict SLO), and the SLO's reason says why the tighter ones were passed over."""
     model, plan, runs = calibrated
     assert plan.choice.meets_slo, plan.describe()
     assert plan.choice.mixed_iteration_s <= plan.choice.tbt_slo_s
@@ -44,16 +56,24 @@ def test_the_calibrated_budget_meets_the_strict_slo_or_says_why_not(calibrated):
     text = plan.describe()  # what the demo prints: machine, SLO, budget and load, each with its reason
     assert text.startswith("machine: ") and "held-out error" in text
     decode = one_sequence_decode_s(model)
-    if plan.choice.tbt_slo_s == pytest.approx(5 * decode):
+    multiple = plan.choice.tbt_slo_s / decode
+    assert any(multiple == pytest.approx(m) for m in SLO_MULTIPLES), multiple
+    if multiple == pytest.approx(5):
         assert f"SLO: P99 TBT <= {plan.choice.tbt_slo_s * 1e3:.0f} ms (default: 5x" in text
     else:
-        assert plan.choice.tbt_slo_s == pytest.approx(25 * decode)
-        assert f"SLO: P99 TBT <= {plan.choice.tbt_slo_s * 1e3:.0f} ms (25x the one-sequence decode" in text
-        assert "no budget meets the paper's strict SLO" in text
+        assert (
+            f"SLO: P99 TBT <= {plan.choice.tbt_slo_s * 1e3:.0f} ms ({multiple:.0f}x the one-sequence decode"
+            in text
+        )
+        assert "the paper's strict SLO, 5x" in text
         settings = plan.settings
         config, workload = settings.engine_config(), settings.workload()
-        strict = choose_token_budget(config, model, 5 * decode, "strict", workload, search=DEMO_SEARCH)
-        assert not strict.meets_slo
+        for tighter in [m for m in SLO_MULTIPLES if m < multiple - 1e-6]:
+            made = choose_token_budget(config, model, tighter * decode, "", workload, search=DEMO_SEARCH)
+            if made.meets_slo:  # a budget meets it, but the demo would break a promise there
+                assert broken_promises(
+                    simulate_demo(plan_from_choice(settings, made, model), model, SCHEDULERS[:2])
+                )
     assert f"token budget: {plan.choice.token_budget} (chosen as --token-budget auto does" in text
     assert f"load: {plan.qps:g} QPS = {plan.load_fraction:.0%} of sarathi's simulated capacity" in text
 
@@ -107,24 +127,37 @@ def test_the_demo_script_prints_its_choices_and_runs_bench_with_them(tmp_path, m
 def test_where_no_budget_meets_the_strict_slo_the_demo_takes_a_looser_one_and_says_so():
     """A CPU whose prefill is slow beside its decode (a Zen3 with the AVX2 decode kernels: 11 ms decodes,
     64 ms for the smallest mixed iteration) has no budget for the strict SLO: capacity 0 there, so the demo
-    takes the paper's relaxed SLO, 25x the one-sequence decode, instead (here forced with an SLO no budget
-    meets)."""
-    from benchmarks.demo_plan import reachable_slo
+    takes a looser one and says why (here the strict SLO is forced out of reach)."""
+    from benchmarks.demo_plan import demo_plan_for
+    from sarathi.simulator.auto_budget import default_tbt_slo
 
     zen4 = PROFILES[0].parent / "amd-epyc-zen4-family25-model17-bf16-grid2.json"  # strict SLO reachable
     model, settings = MeasuredLatencyModel.load(zen4), DemoSettings()
+    decode = one_sequence_decode_s(model)
 
-    def choose(slo: float, reason: str):
+    def choose(slo: float | None, reason: str):
         config, workload = settings.engine_config(), settings.workload()
+        if slo is None:  # the strict SLO, made unreachable
+            slo, reason = 0.5 * decode, default_tbt_slo(model)[1]
         return choose_token_budget(config, model, slo, reason, workload, search=DEMO_SEARCH)
 
-    decode = one_sequence_decode_s(model)
-    unreachable = choose(0.5 * decode, "below any iteration")
-    assert not unreachable.meets_slo
-    choice = reachable_slo(unreachable, model, choose)
-    assert choice.meets_slo and choice.tbt_slo_s == pytest.approx(25 * decode)
+    plan = demo_plan_for(settings, model, choose)
+    choice = plan.choice
+    assert choice.meets_slo and choice.tbt_slo_s in (pytest.approx(10 * decode), pytest.approx(25 * decode))
     assert choice.mixed_iteration_s <= choice.tbt_slo_s and choice.capacity_qps > 0
-    assert choice.slo_reason.startswith("25x the one-sequence decode iteration")
-    assert "no budget meets the paper's strict SLO" in choice.slo_reason
-    met = choose(5 * decode, "strict")
-    assert met.meets_slo and reachable_slo(met, model, choose) is met  # a reachable SLO is kept
+    assert choice.slo_reason.startswith(f"{choice.tbt_slo_s / decode:.0f}x the one-sequence decode iteration")
+    assert "no budget meets the paper's strict SLO, 5x" in choice.slo_reason
+    assert not broken_promises(simulate_demo(plan, model, SCHEDULERS[:2]))
+
+
+def test_broken_promises_name_each_promise_a_run_breaks():
+    def runs(tbt, ttft, tput):
+        sarathi = {"tbt_p99": 0.02, "ttft_p99": 1.0, "throughput_tokens_per_s": 100.0}
+        vllm = {"tbt_p99": tbt, "ttft_p99": ttft, "throughput_tokens_per_s": tput}
+        return {"sarathi": sarathi, "vllm": vllm}
+
+    assert broken_promises(runs(0.06, 1.0, 100.0)) == []
+    separation, ttft, tput = broken_promises(runs(0.05, 0.5, 110.0))
+    assert "P99 TBT only 2.5x below vllm's" in separation
+    assert "TTFT P99 at 2.0x vllm's" in ttft
+    assert "throughput -9% from vllm's" in tput
