@@ -159,5 +159,5 @@ def test_broken_promises_name_each_promise_a_run_breaks():
     assert broken_promises(runs(0.06, 1.0, 100.0)) == []
     separation, ttft, tput = broken_promises(runs(0.05, 0.5, 110.0))
     assert "P99 TBT only 2.5x below vllm's" in separation
-    assert "TTFT P99 at 2.0x vllm's" in ttft
+    assert "TTFT P99 at 2.00x vllm's" in ttft
     assert "throughput -9% from vllm's" in tput
