@@ -188,6 +188,13 @@ def quant_int8_rows(bits: int) -> int:
     return torch.ops.sarathi_kernels.quant_int8_rows(bits)
 
 
+def quant_dequant_rows(offsets: bool) -> int:
+    """Rows of x from which `quant_gemm` (past the int8 path's rows) multiplies bf16 x against tiles
+    dequantized to bf16 weights rather than against the file's exact values, for formats with (`offsets`) or
+    without an m term (2**63 - 1 where no build has that path: the AVX2 one)."""
+    return torch.ops.sarathi_kernels.quant_dequant_rows(offsets)
+
+
 def quant_int8_rows_builtin(bits: int) -> int:
     """The kernel's own threshold for this CPU kind (measured on a few kinds), which `quant_int8_rows` gives
     until `set_quant_int8_rows` sets another (`quant_path_tuning` times the machine's own)."""

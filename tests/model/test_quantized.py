@@ -61,6 +61,12 @@ def takes_int8_path(qtype: str, rows: int) -> bool:
     return rows <= kernels.quant_int8_rows(quantized.FORMATS[qtype].bits)
 
 
+def takes_dequantized_path(qtype: str, rows: int) -> bool:
+    """Whether the many-rows path multiplies tiles dequantized to bf16 weights (from more rows for formats
+    without offsets; never on the AVX2 build)."""
+    return rows >= kernels.quant_dequant_rows(quantized.FORMATS[qtype].offsets)
+
+
 def test_int8_row_thresholds() -> None:
     """The kernel's own table: 8-bit codes take the int8 path up to at least 32 rows on every CPU kind; the
     other widths at least up to 4 rows (one-sequence decode) and at most 256; every row count where the int8
@@ -133,6 +139,8 @@ def test_quantized_kernel_multiplies_the_exact_weights(qtype: str, batch: int) -
     kernels.quant_gemm(x, quantized.pack(u), out)
     if takes_int8_path(qtype, batch):
         want = reference_vnni(x, u)
+    elif takes_dequantized_path(qtype, batch):  # bf16 x against the weights rounded to bf16
+        want = reference_matmul(x, quantized.dequantize(u).float().bfloat16())
     else:
         want = reference_matmul(x, quantized.dequantize(u))
     err = ((out.double() - want).abs().max() / want.abs().max()).item()
@@ -166,7 +174,12 @@ def test_either_path_at_any_row_count(qtype: str, path: str, batch: int) -> None
     x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(batch))
     out = torch.full((batch, rows), float("nan"))
     kernels.quant_gemm(x, quantized.pack(u), out, int8_rows=batch if path == "int8" else 0)
-    want = reference_vnni(x, u) if path == "int8" else reference_matmul(x, quantized.dequantize(u))
+    if path == "int8":
+        want = reference_vnni(x, u)
+    elif takes_dequantized_path(qtype, batch):
+        want = reference_matmul(x, quantized.dequantize(u).float().bfloat16())
+    else:
+        want = reference_matmul(x, quantized.dequantize(u))
     err = ((out.double() - want).abs().max() / want.abs().max()).item()
     assert err <= 2e-6, f"{qtype} {path} path, batch {batch}: relative error {err:.2e}"
 

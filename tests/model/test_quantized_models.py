@@ -53,6 +53,29 @@ def test_quantized_smollm2_logits_within_the_contract(quantized_model, prompt_an
     assert (logits.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.95
 
 
+@pytest.fixture(scope="module")
+def long_prompt_and_reference(prompt_and_reference):
+    from transformers import AutoTokenizer
+
+    folder = embedded_model_path()
+    prompt = AutoTokenizer.from_pretrained(folder)(" ".join([TEXT] * 4))["input_ids"]
+    return prompt, hf_logits(load_hf_reference(folder, "llama"), prompt)
+
+
+@pytest.mark.parametrize("chunk", [64, 10_000])
+def test_long_prefills_within_the_contract(quantized_model, long_prompt_and_reference, chunk) -> None:
+    """Prefills of 64 and ~180 tokens: past kernels.quant_dequant_rows rows, the weights are dequantized to
+    bf16 tiles (Q4_1 from 48 rows, Q8_0 from 96), the bf16 model's weights."""
+    model, arch = quantized_model
+    prompt, ref = long_prompt_and_reference
+    assert len(prompt) >= 2 * kernels.quant_dequant_rows(False) or not kernels.available()
+    logits = PagedRunner(model, arch).prefill("a", prompt, chunk=min(chunk, len(prompt)))
+    err = rel_err(logits, ref)
+    print(f"smollm2 gguf, {len(prompt)}-token prompt, chunk {chunk}: relative error {err:.3g}")
+    assert err <= CONTRACT_REL
+    assert (logits.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.95
+
+
 def test_quantized_weights_stay_in_the_file_bytes(quantized_model) -> None:
     model, _ = quantized_model
     assert model.quantized_layers().keys() == {"Q4_1", "Q8_0"}

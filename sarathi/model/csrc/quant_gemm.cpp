@@ -295,6 +295,169 @@ void run(const int32_t* x, int64_t m, int64_t k, const float* xsum, const Weight
   });
 }
 
+// ---- Many rows of x (long prefills): tiles dequantized to bf16 weights, then a plain bf16 register tile ----
+//
+// Past kDequantRows rows the per-sub-block work of rows_chunk (two chain sets joined, a scale and an offset
+// FMA per accumulator per 16 or 32 positions) outweighs decoding: each chunk of codes is decoded once to the
+// bf16 weights w = s * (q - z) + m (rounded once, from float32), and every row of x runs against it with the
+// bf16 GEMM's 6 x 4 register tile, nothing per sub-block. The weights multiplied are then the bf16 roundings
+// of the file's, as in our bf16 model (`--dtype bfloat16`), where the paths below multiply the file's exact
+// values: the "dequantize a tile to bf16 for large batches".
+constexpr int kDqRows = 6;   // rows of x per register tile of the dequantized path (as bf16_gemm.cpp's)
+constexpr int kDqTiles = 4;  // 16-column tiles per register tile: 6 x 4 accumulators, 4 weights, 1 broadcast
+constexpr int kDqChunkGroups = 16;  // at most this many groups decoded at a time per tile (32 KiB)
+
+// Rows from which quant_gemm takes the dequantized-tile path on the AVX-512 build, past the int8 path's rows.
+// Measured on a Zen5 against the tile path (2 threads, weights 4,096 x 512, 16,384 x 2,048, 2,048 x 8,192 and
+// SmolLM2's, in cache and from memory; `benchmarks/quant_kernel.py`-style single products): formats with offsets
+// (Q4_1, Q5_1, Q4_K, Q5_K), whose tile path does two FMAs per accumulator per sub-block, 0.85-1.0x the time
+// at 48 rows and 0.86-0.95x at 256; formats without (Q8_0, Q4_0, Q5_0, Q6_K) 1.0-1.19x at 48 and 64 rows, 0.87-1.03x at
+// 96, 0.85-1.0x at 128. $SARATHI_DEQUANT_ROWS (read once) sets both, for measurements.
+constexpr int64_t kDequantRowsOffsets = 48;
+constexpr int64_t kDequantRowsPlain = 96;
+int64_t dequant_rows(bool offsets) {
+  static const int64_t set = [] {
+    const char* v = std::getenv("SARATHI_DEQUANT_ROWS");
+    return v != nullptr ? std::max<int64_t>(1, std::atoll(v)) : int64_t{-1};
+  }();
+  if (set > 0) return set;
+  return offsets ? kDequantRowsOffsets : kDequantRowsPlain;
+}
+
+// The decoded values q - z of `ngroups` groups (scratch, decode_group's pair layout) of tile `tile` starting at
+// group g0, turned in place into bf16 weights s * (q - z) (+ m).
+template <int SUB, bool SC, bool MIN>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void dequantize_chunk(
+    uint16_t* scratch, int ngroups, int64_t g0, const Weight& w, int64_t tile) {
+  constexpr int kSubsPerGroup = kGroup / SUB;
+  constexpr int64_t subs_per_super = kSubsPerSuper<SUB, SC>;
+  // pair-layout lane 2c + j is column c: each column's value twice, columns 0-7 then 8-15
+  const __m512i dup_lo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __m512i dup_hi = _mm512_add_epi32(dup_lo, _mm512_set1_epi32(8));
+  for (int g = 0; g < ngroups; ++g) {
+    for (int s = 0; s < kSubsPerGroup; ++s) {
+      const int64_t sub = (g0 + g) * kSubsPerGroup + s, sup = sub / subs_per_super;
+      const int64_t super_at = (tile * w.supers + sup) * kCols, sub_at = (tile * w.subs + sub) * kCols;
+      __m512 scale = halves16(w.d + super_at);
+      if constexpr (SC) scale = _mm512_mul_ps(scale, bytes16(w.sc + sub_at));
+      __m512 shift = _mm512_setzero_ps();
+      if constexpr (MIN) {
+        shift = halves16(w.dm + super_at);
+        if constexpr (SC) shift = _mm512_mul_ps(shift, bytes16(w.mc + sub_at));
+      }
+      const __m512 s_lo = _mm512_permutexvar_ps(dup_lo, scale), s_hi = _mm512_permutexvar_ps(dup_hi, scale);
+      const __m512 m_lo = _mm512_permutexvar_ps(dup_lo, shift), m_hi = _mm512_permutexvar_ps(dup_hi, shift);
+      uint16_t* pairs = scratch + (g * kPairs + s * (SUB / 2)) * 32;
+#pragma GCC unroll 4
+      for (int p = 0; p < SUB / 2; ++p) {
+        const __m512i v = _mm512_loadu_si512(pairs + p * 32);
+        const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16));
+        const __m512 hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)), 16));
+        const __m512 wl = MIN ? _mm512_fmadd_ps(lo, s_lo, m_lo) : _mm512_mul_ps(lo, s_lo);
+        const __m512 wh = MIN ? _mm512_fmadd_ps(hi, s_hi, m_hi) : _mm512_mul_ps(hi, s_hi);
+        _mm512_storeu_si512(pairs + p * 32, (__m512i)_mm512_cvtne2ps_pbh(wh, wl));
+      }
+    }
+  }
+}
+
+// MR rows of x (bf16 pairs) against NB tiles' dequantized chunk of `npairs` pairs from pair0; y accumulates
+// (or, when `first`, is overwritten).
+template <int MR, int NB>
+__attribute__((target("avx512f,avx512bf16"))) void dequantized_rows(
+    const int32_t* x, int64_t ldx_pairs, int64_t pair0, const uint16_t* scratch, int64_t tile_stride, int npairs,
+    float* y, int64_t ldy, int64_t cols, bool first) {
+  __mmask16 mask[NB];
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j) {
+    const int64_t left = cols - j * kCols;
+    mask[j] = left >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u);
+  }
+  __m512 acc[MR][NB];
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j)
+      acc[i][j] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[j], y + i * ldy + j * kCols);
+  const int32_t* rows[MR];
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) rows[i] = x + i * ldx_pairs + pair0;
+  for (int p = 0; p < npairs; ++p) {
+    __m512bh wv[NB];
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(scratch + j * tile_stride + p * 32);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(rows[i][p]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) _mm512_mask_storeu_ps(y + i * ldy + j * kCols, mask[j], acc[i][j]);
+}
+
+using DequantizedFn = void (*)(const int32_t*, int64_t, int64_t, const uint16_t*, int64_t, int, float*, int64_t,
+                               int64_t, bool);
+
+// fn[MR][NB] of dequantized_rows, MR <= kDqRows, NB <= kDqTiles.
+struct DequantizedTable {
+  DequantizedFn fn[kDqRows + 1][kDqTiles + 1] = {};
+  template <int MR, int... NBs>
+  void put_row(std::integer_sequence<int, NBs...>) {
+    ((fn[MR][NBs + 1] = &dequantized_rows<MR, NBs + 1>), ...);
+  }
+  template <int... MRs>
+  void put_all(std::integer_sequence<int, MRs...>) {
+    (put_row<MRs + 1>(std::make_integer_sequence<int, kDqTiles>{}), ...);
+  }
+  DequantizedTable() { put_all(std::make_integer_sequence<int, kDqRows>{}); }
+};
+
+template <int BITS, int SUB, bool SC, bool MIN>
+void run_dequantized(const int32_t* x, int64_t m, int64_t k, const Weight& w, float* y, int64_t ldy, int64_t n) {
+  static const DequantizedTable table;
+  uint16_t lut_values[64];
+  for (int i = 0; i < 64; ++i) {
+    const float v = static_cast<float>(i - w.zero);  // exact in bf16: the top 16 bits of the float
+    uint32_t bitsv;
+    std::memcpy(&bitsv, &v, 4);
+    lut_values[i] = static_cast<uint16_t>(bitsv >> 16);
+  }
+  const int64_t tiles = (n + kCols - 1) / kCols, ldx_pairs = k / 2;
+  // chunks of equal size (a short last chunk costs a pass over every row of y for little work)
+  const int64_t chunks = (w.groups + kDqChunkGroups - 1) / kDqChunkGroups;
+  const int64_t chunk_groups = (w.groups + chunks - 1) / chunks;
+  const int64_t bytes = group_bytes(BITS), tile_stride = chunk_groups * kPairs * 32;
+  const int64_t tile_groups = (tiles + kDqTiles - 1) / kDqTiles;
+  parallel_stealing(tile_groups, 1, [&](int64_t q0, int64_t q1) {
+    alignas(64) uint16_t scratch[kDqTiles * kDqChunkGroups * kPairs * 32];
+    for (int64_t q = q0; q < q1; ++q) {
+      const int64_t tile0 = q * kDqTiles;
+      const int nb = static_cast<int>(std::min<int64_t>(kDqTiles, tiles - tile0));
+      const int64_t col0 = tile0 * kCols, cols = std::min<int64_t>(n - col0, nb * kCols);
+      for (int64_t g0 = 0; g0 < w.groups; g0 += chunk_groups) {
+        const int ng = static_cast<int>(std::min<int64_t>(chunk_groups, w.groups - g0));
+        for (int j = 0; j < nb; ++j) {
+          for (int g = 0; g < ng; ++g) {
+            const uint8_t* codes = w.codes + ((tile0 + j) * w.groups + g0 + g) * bytes;
+            prefetch_codes(codes_ahead<BITS>(w, tile0, kDqTiles, j, g0 + g), bytes, 0);
+            decode_group<BITS>(codes, scratch + j * tile_stride + g * kPairs * 32, lut_values);
+          }
+          dequantize_chunk<SUB, SC, MIN>(scratch + j * tile_stride, ng, g0, w, tile0 + j);
+        }
+        for (int64_t r = 0; r < m; r += kDqRows) {
+          const int mr = static_cast<int>(std::min<int64_t>(kDqRows, m - r));
+          table.fn[mr][nb](x + r * ldx_pairs, ldx_pairs, g0 * kPairs, scratch, tile_stride, ng * kPairs,
+                           y + r * ldy + col0, ldy, cols, g0 == 0);
+        }
+      }
+    }
+  });
+}
+
 // x rows for the VNNI path: QuantizedRows (quant_layout.h).
 
 // 16 values of a row of x (float32 or bf16) as float32.
@@ -712,6 +875,13 @@ void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tenso
   }
   const at::Tensor x = x_in.to(at::kBFloat16).contiguous();
   const auto* xp = reinterpret_cast<const int32_t*>(x.data_ptr<at::BFloat16>());
+  if (m >= dequant_rows(has_min)) {
+    const bool dequantized = with_format(key, [&]<int BITS, int SUB, bool SC, bool MIN>() {
+      run_dequantized<BITS, SUB, SC, MIN>(xp, m, k, w, yp, ldy, n);
+    });
+    TORCH_CHECK(dequantized, "quant_gemm: no kernel for ", bits, "-bit codes, sub-block ", sub);
+    return;
+  }
   at::Tensor xsum;
   if (has_min) {  // sums of the bf16 x over each sub-block, for the offset term
     xsum = x.to(at::kFloat).view({m, k / sub, sub}).sum(-1).contiguous();
@@ -733,6 +903,12 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::
   return out;
 }
 
+// Rows from which quant_gemm's many-rows path multiplies dequantized bf16 tiles (the AVX-512 build only).
+int64_t quant_dequant_rows(bool offsets) {
+  static const bool avx512 = cpu_supported();
+  return avx512 ? dequant_rows(offsets) : kEveryRow;
+}
+
 // Whether the kernels with an AVX2 build run on this CPU (AVX-512 with BF16 and VNNI, or AVX2 with FMA and
 // F16C): quant_gemm, quant_linear, quant_rows, rms_norm_f32, decode_attention and rope_write_kv.
 bool cpu_portable_supported() { return cpu_supported() || cpu_supports_avx2(); }
@@ -741,6 +917,7 @@ TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
   lib.def("cpu_portable_supported() -> bool", &cpu_portable_supported);
   lib.def("cpu_vnni_only() -> bool", &cpu_vnni_only);
   lib.def("quant_int8_rows(int bits) -> int", &quant_int8_rows);
+  lib.def("quant_dequant_rows(bool offsets) -> int", &quant_dequant_rows);
   lib.def("quant_int8_rows_builtin(int bits) -> int", &quant_int8_rows_builtin);
   lib.def("set_quant_int8_rows(int bits, int rows) -> ()", &set_quant_int8_rows);
   lib.def("quant_linear(Tensor x, Tensor codes, Tensor d, Tensor sc, Tensor dm, Tensor mc, int bits, int sub, int zero, "
