@@ -3,13 +3,13 @@ this machine, all read from its latency profile, and the whole demo in simulated
 
 - **SLO**: the paper's strict one, ``DEFAULT_SLO_MULTIPLE`` (5) x the one-sequence decode iteration, where
   some budget meets it and the simulated demo keeps its promises there (``broken_promises``: sarathi's P99
-  TBT 3x below vllm's, TTFT P99 within 1.5x vllm's, throughput within 5%); else the first of 10x and the
-  paper's relaxed 25x (``SLO_MULTIPLES``) at which it does, the SLO's reason saying why the tighter ones were
-  passed over. A Zen3 with the AVX2 decode kernels decodes one sequence in ~11 ms but runs a 16-token chunk
-  beside it in ~64 ms: no budget meets 5x, and at 10x its 32-token chunks put sarathi's TTFT P99 at ~1.9x
-  vllm's, so 25x. A Zen5 with the Q4_1 default decodes in ~4.5 ms, where 5x leaves 16-32-token chunks
-  beside the decodes (chunks cost a decode's time each on top of their tokens), TTFT P99 1.5-3.9x vllm's
-  in simulation: 10x, budget 64.
+  TBT 3x below vllm's, TTFT P99 within 1.5x vllm's, throughput at most 5% below); else the first of 10x
+  and the paper's relaxed 25x (``SLO_MULTIPLES``) at which it does, the SLO's reason saying why the tighter
+  ones were passed over. A Zen3 with the AVX2 decode kernels decodes one sequence in ~11 ms but runs a
+  16-token chunk beside it in ~64 ms: no budget meets 5x, and at 10x its 32-token chunks put sarathi's TTFT
+  P99 at ~1.6x vllm's, so 25x. A Zen5 with the Q4_1 default decodes in ~4.1-4.5 ms, where 5x leaves
+  16-token chunks beside the decodes (a chunk costs about a decode's time on top of its tokens), TTFT P99
+  2.8-3.3x vllm's in simulation: 10x, budget 64.
 - **Budget**: what ``--token-budget auto`` chooses for that SLO on the demo's own requests (``auto_budget``):
   the highest simulated capacity among budgets whose mixed iteration meets the SLO.
 - **Load**: the lowest of ``load_fractions`` of sarathi's simulated capacity (with that budget, on these
@@ -23,8 +23,9 @@ this machine, all read from its latency profile, and the whole demo in simulated
   threshold well above sarathi's own iteration puts the demo past the cliff, not on it, where the real run
   (which stalls less than the simulation near the cliff) still separates. On the 2-core Zen4 the relaxed
   SLO is the larger threshold and the load is 50-55% of the capacity: P99 TBT ~50 ms for sarathi vs ~390 ms
-  for vllm in simulation, TTFT P99 ratio ~1.4. On a 2-core Zen3 (relaxed SLO 284 ms, budget 64, mixed
-  iteration ~155 ms) it is the 5x: P99 TBT ~170 vs ~1,270 ms in simulation.
+  for vllm in simulation, TTFT P99 ratio ~1.4; on the Zen5 at 10x, 30%: ~35 vs ~225-265 ms. On a 2-core
+  Zen3 (relaxed SLO 284 ms, budget 64, mixed iteration ~155 ms) it is the 5x: P99 TBT ~170 vs ~1,270 ms in
+  simulation.
 
 ``simulate_demo`` runs the four schedulers on the same requests in simulated time, and
 ``predicted_wall_seconds`` adds the one-time profile and the runs' start-up to say how long the real demo
@@ -62,7 +63,7 @@ STALL_OVER_MIXED = 5.0
 # its relaxed one; it takes the first at which the simulated demo keeps its promises (broken_promises).
 SLO_MULTIPLES = (STRICT_MULTIPLE, 10.0, RELAXED_MULTIPLE)
 # The demo's promises at its load: sarathi's P99 TBT SEPARATION x below vllm's, TTFT P99 within TTFT_BOUND x
-# vllm's and throughput within THROUGHPUT_BOUND of vllm's.
+# vllm's and throughput at most THROUGHPUT_BOUND below vllm's.
 SEPARATION = 3.0
 TTFT_BOUND = 1.5
 THROUGHPUT_BOUND = 0.05
@@ -81,7 +82,7 @@ class DemoSettings:
     length_scale: float = 0.15
     max_total_tokens: int = 1024
     num_requests: int = 40
-    load_fractions: tuple[float, ...] = (0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8)
+    load_fractions: tuple[float, ...] = (0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8)
     # vllm's simulated P99 TBT that marks "prompts overlap decodes", in one-sequence decode iterations.
     stall_multiple: float = RELAXED_MULTIPLE
     seed: int = 0
@@ -187,7 +188,8 @@ def demo_plan_for(
 def broken_promises(runs: dict[str, dict]) -> list[str]:
     """What the demo promises that ``runs`` (simulated or measured summaries of sarathi and vllm) break, in
     words; empty when every promise holds: sarathi's P99 TBT ``SEPARATION`` x below vllm's, its TTFT P99
-    within ``TTFT_BOUND`` x vllm's and its throughput within ``THROUGHPUT_BOUND`` of vllm's."""
+    within ``TTFT_BOUND`` x vllm's and its throughput at most ``THROUGHPUT_BOUND`` below vllm's (above it is
+    vllm falling behind the load)."""
     sarathi, vllm = runs["sarathi"], runs["vllm"]
     broken = []
     if vllm["tbt_p99"] < SEPARATION * sarathi["tbt_p99"]:
@@ -198,7 +200,7 @@ def broken_promises(runs: dict[str, dict]) -> list[str]:
             f"are small; the demo's bound is {TTFT_BOUND:g}x)"
         )
     tput, vllm_tput = sarathi["throughput_tokens_per_s"], vllm["throughput_tokens_per_s"]
-    if abs(tput - vllm_tput) > THROUGHPUT_BOUND * vllm_tput:
+    if tput < (1 - THROUGHPUT_BOUND) * vllm_tput:
         broken.append(f"puts sarathi's throughput {tput / vllm_tput - 1:+.0%} from vllm's")
     return broken
 

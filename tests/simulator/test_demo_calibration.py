@@ -1,5 +1,5 @@
 """The demo's promise on every kept machine profile, in simulation: at the load the demo calibrates,
-sarathi's P99 TBT is at least 3x lower than vllm's, throughput within 5% and P99 TTFT within 1.5x, and
+sarathi's P99 TBT is at least 3x lower than vllm's, throughput at most 5% below and P99 TTFT within 1.5x, and
 the whole demo (profile included) fits in 5 minutes. A regression on another kind of CPU fails here."""
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def test_sarathi_separates_from_vllm_at_the_calibrated_load(calibrated):
     assert vllm["tbt_p99"] >= 3 * sarathi["tbt_p99"], (plan.describe(), sarathi["tbt_p99"], vllm["tbt_p99"])
     assert runs["orca"]["tbt_p99"] >= 3 * sarathi["tbt_p99"]
     tput, vllm_tput = sarathi["throughput_tokens_per_s"], vllm["throughput_tokens_per_s"]
-    assert abs(tput - vllm_tput) <= 0.05 * vllm_tput
+    assert tput >= 0.95 * vllm_tput  # at most 5% below (above it where vllm falls behind the load)
     assert sarathi["ttft_p99"] <= 1.5 * vllm["ttft_p99"]
     # faster_transformer never mixes prompts into a running batch: requests wait to be scheduled.
     assert runs["faster_transformer"]["scheduling_delay_p50"] > sarathi["scheduling_delay_p50"]

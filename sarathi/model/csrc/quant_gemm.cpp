@@ -6,7 +6,7 @@
 // with d, dm float16 (per block, or per 256-weight super-block for k-quants) and sc, mc small integers (per
 // sub-block, k-quants only). The scales are applied once per sub-block:
 //     sum_k w x = s * sum_k (q - z) x + m * sum_k x.
-// Two paths multiply the codes, both over exactly the file's values:
+// Three paths multiply the codes, the first two over exactly the file's values:
 // - a few rows of x (M <= quant_int8_rows(bits): timed on the machine, else 4 to 256 by code width and CPU kind;
 //   decode, short prefills): x, as given (float32 or bf16, read in
 //   place, quantized into a per-thread buffer), is split into two int8 terms per 32 positions (QuantizedRows: 16 bits of resolution, where one int8 term is too coarse for our contract),
@@ -17,6 +17,9 @@
 // - more rows (prefill, batched decode): the codes of a chunk are decoded to bf16 once into a per-thread
 //   scratch and reused by every row, multiplied against bf16 x with VDPBF16PS (float32 sums): x rounded to
 //   bf16 as in our bf16 GEMM.
+// - many rows (long prefills, M >= dequant_rows: 48 for formats with offsets, else 96): the decoded chunk is
+//   turned into bf16 weights s * (q - z) + m, each rounded once, and multiplied as by our bf16 GEMM, with no
+//   work per sub-block (run_dequantized).
 //
 // Packed layout, per tile of 16 output columns and per group of 32 input positions, made by
 // sarathi/model/quantized.py: eight "quads" of 64 bytes, byte 4c + i of quad r = code of column c at position
