@@ -141,6 +141,16 @@ __attribute__((target("avx512f"))) inline __m512 bytes16(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
+// Store masks of NB 16-column tiles of which `cols` columns are valid.
+template <int NB>
+inline void column_masks(int64_t cols, __mmask16* mask) {
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j) {
+    const int64_t left = cols - j * kCols;
+    mask[j] = left >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u);
+  }
+}
+
 // MR rows of x against NB tiles' decoded chunk of `ngroups` groups starting at group g0 (scratch holds tile j's
 // groups at j * tile_stride); accumulates into y (columns of tile0 onwards, `cols` of them valid).
 template <int MR, int NB, int SUB, bool SC, bool MIN>
@@ -151,11 +161,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void rows_chunk(
   constexpr int kSubsPerGroup = kGroup / SUB;
   constexpr int64_t subs_per_super = kSubsPerSuper<SUB, SC>;
   __mmask16 mask[NB];
-#pragma GCC unroll 4
-  for (int j = 0; j < NB; ++j) {
-    const int64_t left = cols - j * kCols;
-    mask[j] = left >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u);
-  }
+  column_masks<NB>(cols, mask);
   __m512 acc[MR][NB];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i)
@@ -260,19 +266,39 @@ inline const uint8_t* codes_ahead(const Weight& w, int64_t tile0, int step, int 
   return w.codes + (tile0 + j + (next ? step : 0)) * tile_bytes + (next ? at - tile_bytes : at);
 }
 
+// The bf16 values q - z of every 6-bit code q (decode_group's table): exact, the top 16 bits of the float.
+struct CodeValues {
+  uint16_t values[64];
+  explicit CodeValues(int zero) {
+    for (int i = 0; i < 64; ++i) {
+      const float v = static_cast<float>(i - zero);
+      uint32_t bitsv;
+      std::memcpy(&bitsv, &v, 4);
+      values[i] = static_cast<uint16_t>(bitsv >> 16);
+    }
+  }
+};
+
+// Groups g0 .. g0 + ng - 1 of tile tile0 + j decoded into `out` (decode_group's layout, group after group), each
+// tile's codes prefetched ahead for a thread reading `step` tiles side by side.
+template <int BITS>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void decode_chunk(const Weight& w, int64_t tile0, int step, int j, int64_t g0, int ng, uint16_t* out,
+                         const uint16_t* lut) {
+  constexpr int64_t bytes = group_bytes(BITS);
+  for (int g = 0; g < ng; ++g) {
+    const uint8_t* codes = w.codes + ((tile0 + j) * w.groups + g0 + g) * bytes;
+    prefetch_codes(codes_ahead<BITS>(w, tile0, step, j, g0 + g), bytes, 0);
+    decode_group<BITS>(codes, out + g * kPairs * 32, lut);
+  }
+}
+
 template <int BITS, int SUB, bool SC, bool MIN>
 void run(const int32_t* x, int64_t m, int64_t k, const float* xsum, const Weight& w, float* y, int64_t ldy,
          int64_t n) {
   static const TileTable<RowsFn, kMaxRows, RowsKernels<SUB, SC, MIN>> table;
-  uint16_t lut_values[64];
-  for (int i = 0; i < 64; ++i) {
-    const float v = static_cast<float>(i - w.zero);  // exact in bf16: the top 16 bits of the float
-    uint32_t bitsv;
-    std::memcpy(&bitsv, &v, 4);
-    lut_values[i] = static_cast<uint16_t>(bitsv >> 16);
-  }
+  const CodeValues lut(w.zero);
   const int64_t tiles = (n + kCols - 1) / kCols, ldx_pairs = k / 2, ldsum = k / SUB;
-  const int64_t bytes = group_bytes(BITS), tile_stride = kChunkGroups * kPairs * 32;
+  const int64_t tile_stride = kChunkGroups * kPairs * 32;
   const int64_t tile_groups = (tiles + kMaxTiles - 1) / kMaxTiles;
   parallel_stealing(tile_groups, 1, [&](int64_t q0, int64_t q1) {
     alignas(64) uint16_t scratch[kMaxTiles * kChunkGroups * kPairs * 32];
@@ -283,11 +309,7 @@ void run(const int32_t* x, int64_t m, int64_t k, const float* xsum, const Weight
       for (int64_t g0 = 0; g0 < w.groups; g0 += kChunkGroups) {
         const int ng = static_cast<int>(std::min<int64_t>(kChunkGroups, w.groups - g0));
         for (int j = 0; j < nb; ++j)
-          for (int g = 0; g < ng; ++g) {
-            const uint8_t* codes = w.codes + ((tile0 + j) * w.groups + g0 + g) * bytes;
-            prefetch_codes(codes_ahead<BITS>(w, tile0, kMaxTiles, j, g0 + g), bytes, 0);
-            decode_group<BITS>(codes, scratch + j * tile_stride + g * kPairs * 32, lut_values);
-          }
+          decode_chunk<BITS>(w, tile0, kMaxTiles, j, g0, ng, scratch + j * tile_stride, lut.values);
         for (int64_t r = 0; r < m; r += kMaxRows) {
           const int mr = static_cast<int>(std::min<int64_t>(kMaxRows, m - r));
           table.fn[mr][nb](x + r * ldx_pairs, ldx_pairs, MIN ? xsum + r * ldsum : nullptr, ldsum, scratch,
@@ -371,11 +393,7 @@ __attribute__((target("avx512f,avx512bf16"))) void dequantized_rows(
     const int32_t* x, int64_t ldx_pairs, int64_t pair0, const uint16_t* scratch, int64_t tile_stride, int npairs,
     float* y, int64_t ldy, int64_t cols, bool first) {
   __mmask16 mask[NB];
-#pragma GCC unroll 4
-  for (int j = 0; j < NB; ++j) {
-    const int64_t left = cols - j * kCols;
-    mask[j] = left >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u);
-  }
+  column_masks<NB>(cols, mask);
   __m512 acc[MR][NB];
 #pragma GCC unroll 6
   for (int i = 0; i < MR; ++i)
@@ -422,18 +440,12 @@ struct DequantizedTable {
 template <int BITS, int SUB, bool SC, bool MIN>
 void run_dequantized(const int32_t* x, int64_t m, int64_t k, const Weight& w, float* y, int64_t ldy, int64_t n) {
   static const DequantizedTable table;
-  uint16_t lut_values[64];
-  for (int i = 0; i < 64; ++i) {
-    const float v = static_cast<float>(i - w.zero);  // exact in bf16: the top 16 bits of the float
-    uint32_t bitsv;
-    std::memcpy(&bitsv, &v, 4);
-    lut_values[i] = static_cast<uint16_t>(bitsv >> 16);
-  }
+  const CodeValues lut(w.zero);
   const int64_t tiles = (n + kCols - 1) / kCols, ldx_pairs = k / 2;
   // chunks of equal size (a short last chunk costs a pass over every row of y for little work)
   const int64_t chunks = (w.groups + kDqChunkGroups - 1) / kDqChunkGroups;
   const int64_t chunk_groups = (w.groups + chunks - 1) / chunks;
-  const int64_t bytes = group_bytes(BITS), tile_stride = chunk_groups * kPairs * 32;
+  const int64_t tile_stride = chunk_groups * kPairs * 32;
   const int64_t tile_groups = (tiles + kDqTiles - 1) / kDqTiles;
   parallel_stealing(tile_groups, 1, [&](int64_t q0, int64_t q1) {
     alignas(64) uint16_t scratch[kDqTiles * kDqChunkGroups * kPairs * 32];
@@ -444,11 +456,7 @@ void run_dequantized(const int32_t* x, int64_t m, int64_t k, const Weight& w, fl
       for (int64_t g0 = 0; g0 < w.groups; g0 += chunk_groups) {
         const int ng = static_cast<int>(std::min<int64_t>(chunk_groups, w.groups - g0));
         for (int j = 0; j < nb; ++j) {
-          for (int g = 0; g < ng; ++g) {
-            const uint8_t* codes = w.codes + ((tile0 + j) * w.groups + g0 + g) * bytes;
-            prefetch_codes(codes_ahead<BITS>(w, tile0, kDqTiles, j, g0 + g), bytes, 0);
-            decode_group<BITS>(codes, scratch + j * tile_stride + g * kPairs * 32, lut_values);
-          }
+          decode_chunk<BITS>(w, tile0, kDqTiles, j, g0, ng, scratch + j * tile_stride, lut.values);
           dequantize_chunk<SUB, SC, MIN>(scratch + j * tile_stride, ng, g0, w, tile0 + j);
         }
         for (int64_t r = 0; r < m; r += kDqRows) {
@@ -534,10 +542,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
   const int64_t ldb = x.k / kGroup;
   const int32_t zero = BITS == 8 ? 128 : w.zero;
   __mmask16 mask[NB];
-  for (int j = 0; j < NB; ++j) {
-    const int64_t left = cols - j * kCols;
-    mask[j] = left >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u);
-  }
+  column_masks<NB>(cols, mask);
   __m512 acc[MR][NB];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i)
