@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
+from model_harness import SMALL_LLAMA
 
-from sarathi.model import huge_pages, kernels, quantized
+from sarathi.model import allocate_kv_cache, huge_pages, kernels, quantized
+from sarathi.model.config import ModelArchConfig
 from sarathi.model.linear import Linear
 
 needs_linux = pytest.mark.skipif(not huge_pages.supported(), reason="huge pages are advised on Linux only")
@@ -99,3 +103,23 @@ def test_bf16_packed_weight_is_on_huge_pages():
     assert layer.pack()
     assert advised(layer._bf16_packed)
     torch.testing.assert_close(layer(x), before, rtol=2e-2, atol=2e-2)
+
+
+@needs_linux
+@pytest.mark.parametrize("shared_pages", [False, True])
+def test_kv_cache_pools_are_zeroed_views_of_one_advised_region(shared_pages):
+    arch = ModelArchConfig.from_hf_config(SMALL_LLAMA)
+    kv_heads, head_dim = arch.num_key_value_heads, arch.head_dim
+    blocks = huge_pages.MIN_BYTES // (kv_heads * 16 * head_dim * 2) + 3  # each pool over MIN_BYTES
+    caches = allocate_kv_cache(arch, blocks, 16, torch.bfloat16, shared_pages=shared_pages)
+    assert len(caches) == arch.num_hidden_layers
+    spans = []
+    for k, v in caches:
+        for t in (k, v):
+            assert t.shape == (kv_heads, blocks, 16, head_dim) and t.is_contiguous() and not t.any()
+            assert advised(t)
+            spans.append((t.data_ptr(), t.data_ptr() + t.nbytes))
+    spans = sorted(set(spans))
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(spans)), "pools overlap"
+    caches[0][0].fill_(1)  # writing one pool leaves the others zero
+    assert not caches[0][1].any() and not caches[-1][0].any()
