@@ -120,7 +120,8 @@ void attend_group(
     const int64_t* table, int64_t first, int64_t context, int64_t block_size, float scale,
     float* scores,  // scratch [REP, context - first]
     float* out,  // [REP, d]
-    float* stats) {  // [REP, 2]: softmax max and sum
+    float* stats,  // [REP, 2]: softmax max and sum
+    Ahead& ahead) {  // the thread's next task, prefetched meanwhile
   constexpr int64_t d = VECS * kLanes;
   const int64_t n = context - first;
   __m512 qv[REP][VECS];
@@ -132,7 +133,7 @@ void attend_group(
   // them together (a reduction per key took ~9 instructions of its own).
   alignas(64) float pending[REP][kLanes][kLanes];
   int64_t held = 0, j0 = 0;
-  for_each_key(k_head, v_head, table, first, context, block_size, d, [&](int64_t j, const T* key) {
+  for_each_key(k_head, v_head, table, first, context, block_size, d, ahead, [&](int64_t j, const T* key) {
     __m512 kv[VECS];
 #pragma GCC unroll 16
     for (int i = 0; i < VECS; ++i) kv[i] = load16(key + i * kLanes);
@@ -162,7 +163,7 @@ void attend_group(
   // four); accumulators 2c and 2c + 1 then hold the even and odd positions of values 32c .. 32c + 31, each
   // summed as before, and are interleaved once at the end
   constexpr bool kPairs = std::is_same_v<T, at::BFloat16> && VECS % 2 == 0;
-  for_each_key(v_head, static_cast<const T*>(nullptr), table, first, context, block_size, d, [&](int64_t j, const T* value) {
+  for_each_key(v_head, static_cast<const T*>(nullptr), table, first, context, block_size, d, ahead, [&](int64_t j, const T* value) {
     __m512 vv[VECS];
     if constexpr (kPairs) {
 #pragma GCC unroll 8
@@ -206,12 +207,13 @@ void attend_group(
 // attend_group has no instance (head_dim 256: Gemma 3).
 template <typename T, int VECS>
 void attend_head(const float* q, const T* k_head, const T* v_head, const int64_t* table, int64_t first,
-                 int64_t context, int64_t block_size, float scale, float* scores, float* out, float* stats) {
+                 int64_t context, int64_t block_size, float scale, float* scores, float* out, float* stats,
+                 Ahead& ahead) {
   constexpr int64_t d = VECS * kLanes;
   __m512 qv[VECS];
 #pragma GCC unroll 16
   for (int i = 0; i < VECS; ++i) qv[i] = _mm512_mul_ps(_mm512_loadu_ps(q + i * kLanes), _mm512_set1_ps(scale));
-  for_each_key(k_head, v_head, table, first, context, block_size, d, [&](int64_t j, const T* key) {
+  for_each_key(k_head, v_head, table, first, context, block_size, d, ahead, [&](int64_t j, const T* key) {
     __m512 acc = _mm512_mul_ps(qv[0], load16(key));
 #pragma GCC unroll 16
     for (int i = 1; i < VECS; ++i) acc = _mm512_fmadd_ps(qv[i], load16(key + i * kLanes), acc);
@@ -221,7 +223,7 @@ void attend_head(const float* q, const T* k_head, const T* v_head, const int64_t
   __m512 acc[VECS];
 #pragma GCC unroll 16
   for (int i = 0; i < VECS; ++i) acc[i] = _mm512_setzero_ps();
-  for_each_key(v_head, static_cast<const T*>(nullptr), table, first, context, block_size, d, [&](int64_t j, const T* value) {
+  for_each_key(v_head, static_cast<const T*>(nullptr), table, first, context, block_size, d, ahead, [&](int64_t j, const T* value) {
     const __m512 p = _mm512_set1_ps(scores[j]);
 #pragma GCC unroll 16
     for (int i = 0; i < VECS; ++i) acc[i] = _mm512_fmadd_ps(p, load16(value + i * kLanes), acc[i]);
@@ -235,12 +237,12 @@ void attend_head(const float* q, const T* k_head, const T* v_head, const int64_t
 template <typename T>
 void attend_group_generic(
     const float* q, const T* k_head, const T* v_head, const int64_t* table, int64_t first, int64_t context,
-    int64_t block_size, int64_t d, int64_t rep, float scale, float* scores, float* out, float* stats) {
+    int64_t block_size, int64_t d, int64_t rep, float scale, float* scores, float* out, float* stats, Ahead& ahead) {
   const int64_t vecs = d / kLanes, n = context - first;
   for (int64_t h = 0; h < rep; ++h) {
     const float* qh = q + h * d;
     float* s = scores + h * n;
-    for_each_key(k_head, v_head, table, first, context, block_size, d, [&](int64_t j, const T* key) {
+    for_each_key(k_head, v_head, table, first, context, block_size, d, ahead, [&](int64_t j, const T* key) {
       __m512 acc = _mm512_setzero_ps();
       for (int64_t i = 0; i < vecs; ++i) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + i * kLanes), load16(key + i * kLanes), acc);
       s[j] = _mm512_reduce_add_ps(acc) * scale;
@@ -251,7 +253,7 @@ void attend_group_generic(
     const float* s = scores + h * n;
     for (int64_t i = 0; i < vecs; ++i) {
       __m512 acc = _mm512_setzero_ps();
-      for_each_key(v_head, static_cast<const T*>(nullptr), table, first, context, block_size, d, [&](int64_t j, const T* value) {
+      for_each_key(v_head, static_cast<const T*>(nullptr), table, first, context, block_size, d, ahead, [&](int64_t j, const T* value) {
         acc = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), load16(value + i * kLanes), acc);
       });
       _mm512_storeu_ps(out + h * d + i * kLanes, acc);
@@ -261,7 +263,7 @@ void attend_group_generic(
 
 template <typename T>
 using HeadFn = void (*)(const float*, const T*, const T*, const int64_t*, int64_t, int64_t, int64_t, float, float*,
-                        float*, float*);
+                        float*, float*, Ahead&);
 
 // The compiled head sizes of attend_head: 64, 128 and 256.
 template <typename T>
@@ -274,7 +276,7 @@ HeadFn<T> head_specialized(int64_t vecs) {
 
 template <typename T>
 using GroupFn = void (*)(const float*, const T*, const T*, const int64_t*, int64_t, int64_t, int64_t, float, float*,
-                         float*, float*);
+                         float*, float*, Ahead&);
 
 // The compiled (head_dim / 16, group size) pairs: head_dim 64 or 128, 1 to 8 query heads per kv head.
 template <typename T>
@@ -321,13 +323,14 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
   run_tasks<T>(
       q, k_cache, v_cache, tables, lens, window, head ? heads : kv_heads, out,
       [&](const float* qu, const T* k_head, const T* v_head, const int64_t* table, int64_t first, int64_t context,
-          float* scores, float* o, float* st) {
+          float* scores, float* o, float* st, Ahead& ahead) {
         if (head) {
-          head(qu, k_head, v_head, table, first, context, block_size, s, scores, o, st);
+          head(qu, k_head, v_head, table, first, context, block_size, s, scores, o, st, ahead);
         } else if (group) {
-          group(qu, k_head, v_head, table, first, context, block_size, s, scores, o, st);
+          group(qu, k_head, v_head, table, first, context, block_size, s, scores, o, st, ahead);
         } else {
-          attend_group_generic<T>(qu, k_head, v_head, table, first, context, block_size, d, rep, s, scores, o, st);
+          attend_group_generic<T>(qu, k_head, v_head, table, first, context, block_size, d, rep, s, scores, o, st,
+                                  ahead);
         }
       },
       merge_spans);

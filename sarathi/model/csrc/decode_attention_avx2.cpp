@@ -76,12 +76,13 @@ void softmax_rows(float* scores, int64_t rows, int64_t n, float* stats) {
 // compile-time constant (64, 128, 256), else 0 and d at run time (any multiple of 16 up to 256).
 template <typename T, int D>
 void attend(const float* q, const T* k_head, const T* v_head, const int64_t* table, int64_t first, int64_t context,
-            int64_t block_size, int64_t d_rt, int64_t rep, float scale, float* scores, float* out, float* stats) {
+            int64_t block_size, int64_t d_rt, int64_t rep, float scale, float* scores, float* out, float* stats,
+            Ahead& ahead) {
   const int64_t d = D ? D : d_rt, n = context - first;
   for (int64_t h = 0; h < rep; ++h) {
     const float* qh = q + h * d;
     float* s = scores + h * n;
-    for_each_key(k_head, h + 1 == rep ? v_head : nullptr, table, first, context, block_size, d,
+    for_each_key(k_head, h + 1 == rep ? v_head : nullptr, table, first, context, block_size, d, ahead,
                  [&](int64_t j, const T* key) {
                    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
 #pragma GCC unroll 16
@@ -101,7 +102,7 @@ void attend(const float* q, const T* k_head, const T* v_head, const int64_t* tab
       __m256 acc[8];
 #pragma GCC unroll 8
       for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
-      for_each_key(v_head, static_cast<const T*>(nullptr), table, first, context, block_size, d,
+      for_each_key(v_head, static_cast<const T*>(nullptr), table, first, context, block_size, d, ahead,
                    [&](int64_t j, const T* value) {
                      const __m256 p = _mm256_set1_ps(s[j]);
                      const T* v = value + c0;
@@ -142,13 +143,13 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
   const int64_t block_size = k_cache.size(2);
   const float s = static_cast<float>(scale);
   using Fn = void (*)(const float*, const T*, const T*, const int64_t*, int64_t, int64_t, int64_t, int64_t,
-                      int64_t, float, float*, float*, float*);
+                      int64_t, float, float*, float*, float*, Ahead&);
   const Fn fn = d == 64 ? &attend<T, 64> : d == 128 ? &attend<T, 128> : d == 256 ? &attend<T, 256> : &attend<T, 0>;
   run_tasks<T>(
       q, k_cache, v_cache, tables, lens, window, kv_heads, out,
       [&](const float* qu, const T* k_head, const T* v_head, const int64_t* table, int64_t first, int64_t context,
-          float* scores, float* o, float* st) {
-        fn(qu, k_head, v_head, table, first, context, block_size, d, rep, s, scores, o, st);
+          float* scores, float* o, float* st, Ahead& ahead) {
+        fn(qu, k_head, v_head, table, first, context, block_size, d, rep, s, scores, o, st, ahead);
       },
       merge_spans);
 }

@@ -33,11 +33,37 @@ constexpr int64_t kChunkKeys = 128;
 // read at ~11 GB/s; with both at ~22.
 constexpr int64_t kPrefetchAhead = 4;
 
+// The keys and values of a thread's next task, prefetched to L2 a line of each per key from inside the current
+// task's loops (for_each_key). A task's own prefetches come only as it starts, so one read from memory
+// (the cache is cold there: a decode step streams every weight between two layers' attention) waited for
+// its blocks with the memory idle while it computed; this keeps the next task's reads in flight meanwhile.
+// Zen5, KV cache on huge pages (kv_cache.py): decode steps of 8 / 32 sequences at 512 keys took 0.89x /
+// 0.85x the time (SmolLM2 Q4_1) and 0.98x / 0.95x (Llama 3.2 1B's shape, Q4_K_M), one sequence 0.99x. A
+// line per block rather than per key gained half as much; hints T0 and T2 less than T1.
+struct Ahead {
+  const char* k = nullptr;  // the kv head's blocks in each tensor
+  const char* v = nullptr;
+  const int64_t* table = nullptr;
+  int64_t block = 0, end = 0;  // blocks [block, end) of the table are left
+  int64_t offset = 0, block_bytes = 0, lines_per_key = 0;
+
+  // Prefetches the next lines_per_key lines of both tensors.
+  void step() {
+    for (int64_t i = 0; i < lines_per_key && block < end; ++i) {
+      const int64_t at = table[block] * block_bytes + offset;
+      _mm_prefetch(k + at, _MM_HINT_T1);
+      _mm_prefetch(v + at, _MM_HINT_T1);
+      if ((offset += 64) >= block_bytes) offset = 0, ++block;
+    }
+  }
+};
+
 // Calls f(j - first, row) for each key first <= j < context, row pointing at its head_dim values in this
-// head's blocks. `next_head` (or null): the same blocks of the tensor the next pass reads, prefetched to L2.
+// head's blocks, and ahead.step() after each. `next_head` (or null): the same blocks of the tensor the next
+// pass reads, prefetched to L2.
 template <typename T, typename F>
 inline void for_each_key(const T* head, const T* next_head, const int64_t* table, int64_t first, int64_t context,
-                         int64_t block_size, int64_t d, F&& f) {
+                         int64_t block_size, int64_t d, Ahead& ahead, F&& f) {
   const int64_t blocks = (context + block_size - 1) / block_size, first_block = first / block_size;
   const int64_t block_bytes = block_size * d * static_cast<int64_t>(sizeof(T));
   auto prefetch = [&](const T* tensor, int64_t blk, int hint) {
@@ -55,7 +81,7 @@ inline void for_each_key(const T* head, const T* next_head, const int64_t* table
     if (blk + kPrefetchAhead < blocks) prefetch(head, blk + kPrefetchAhead, _MM_HINT_T0);
     const int64_t start = std::max(first, blk * block_size), end = std::min(context, (blk + 1) * block_size);
     const T* row = head + (table[blk] * block_size + start - blk * block_size) * d;
-    for (int64_t j = start; j < end; ++j, row += d) f(j - first, row);
+    for (int64_t j = start; j < end; ++j, row += d) f(j - first, row), ahead.step();
   }
 }
 
@@ -71,9 +97,10 @@ struct Spans {
 
 // Runs every task, then merges the spans of the rows that have more than one. `units` heads units per row
 // (kv heads: each task attends that kv head's group of query heads; or query heads: one each).
-// attend(q, k_head, v_head, table, first, context, scores, out, stats) attends one unit's query heads [per_unit,
-// d] over keys [first, context) of the kv head's blocks, writing their normalized outputs and softmax
-// (max, sum) pairs; scores is scratch for per_unit * kChunkKeys floats. merge(partial, stride, stats,
+// attend(q, k_head, v_head, table, first, context, scores, out, stats, ahead) attends one unit's query heads
+// [per_unit, d] over keys [first, context) of the kv head's blocks, writing their normalized outputs and
+// softmax (max, sum) pairs, and passes `ahead` to its for_each_key calls; scores is scratch for per_unit *
+// kChunkKeys floats. merge(partial, stride, stats,
 // stat_stride, n, d, out) is merge_spans.
 template <typename T, typename Attend, typename Merge>
 void run_tasks(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& tables,
@@ -88,7 +115,7 @@ void run_tasks(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor&
   const int64_t* tp = tables.data_ptr<int64_t>();
   const int64_t* lp = lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
-  const int64_t head_stride = num_blocks * block_size * d;
+  const int64_t head_stride = num_blocks * block_size * d, block_bytes = block_size * d * static_cast<int64_t>(sizeof(T));
   std::vector<Spans> spans(batch);
   std::vector<int64_t> task0(batch + 1, 0), part0(batch + 1, 0);  // first task, first partial span of each row
   for (int64_t b = 0; b < batch; ++b) {
@@ -107,12 +134,31 @@ void run_tasks(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor&
     thread_local std::vector<float> scores, own_stats;
     scores.resize(static_cast<size_t>(per_unit * kChunkKeys)), own_stats.resize(2 * per_unit);
     int64_t b = std::upper_bound(task0.begin(), task0.end(), t0) - task0.begin() - 1;
+    // span-major: the query heads of one kv head (head units) read a span one after the other, from L2
+    auto kv_head = [&](int64_t u) { return units == kv_heads ? u : u / rep; };
     for (int64_t t = t0; t < t1; ++t) {
       while (t >= task0[b + 1]) ++b;
       const Spans& sp_b = spans[b];
-      // span-major: the query heads of one kv head (head units) read a span one after the other, from L2
       const int64_t n = sp_b.count(), c = (t - task0[b]) / units, u = (t - task0[b]) % units;
-      const int64_t g = units == kv_heads ? u : u / rep, h0 = u * per_unit;  // kv head, first query head
+      const int64_t g = kv_head(u), h0 = u * per_unit;  // kv head, first query head
+      Ahead ahead;  // task t + 1: a thread claims its share front to back, so most likely its next
+      if (t + 1 < task0[batch]) {
+        const int64_t nb = t + 1 < task0[b + 1] ? b : b + 1, i = t + 1 - task0[nb];
+        const int64_t nc = i / units, ng = kv_head(i % units);
+        if (ng != g || nc != c || nb != b) {  // not the span this task reads (the next query heads of its kv head)
+          const int64_t lo = spans[nb].lo(nc), hi = spans[nb].hi(nc), lines_per_block = (block_bytes + 63) / 64;
+          ahead = {reinterpret_cast<const char*>(kp + ng * head_stride),
+                   reinterpret_cast<const char*>(vp + ng * head_stride),
+                   tp + nb * max_blocks,
+                   lo / block_size,
+                   (hi - 1) / block_size + 1,
+                   0,
+                   block_bytes,
+                   0};
+          const int64_t keys = sp_b.hi(c) - sp_b.lo(c);  // each read in two passes, keys then values
+          ahead.lines_per_key = ((ahead.end - ahead.block) * lines_per_block + 2 * keys - 1) / (2 * keys);
+        }
+      }
       float* o = op + (b * heads + h0) * d;
       float* st = own_stats.data();
       if (n > 1) {  // partial span c of row b: [span][head][d], stats [span][head][2]
@@ -120,7 +166,7 @@ void run_tasks(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor&
         st = stat_p + ((part0[b] + c) * heads + h0) * 2;
       }
       attend(qp + (b * heads + h0) * d, kp + g * head_stride, vp + g * head_stride, tp + b * max_blocks,
-             sp_b.lo(c), sp_b.hi(c), scores.data(), o, st);
+             sp_b.lo(c), sp_b.hi(c), scores.data(), o, st, ahead);
     }
   });
   if (part0[batch] == 0) return;
