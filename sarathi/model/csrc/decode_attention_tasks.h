@@ -100,8 +100,7 @@ struct Spans {
 // attend(q, k_head, v_head, table, first, context, scores, out, stats, ahead) attends one unit's query heads
 // [per_unit, d] over keys [first, context) of the kv head's blocks, writing their normalized outputs and
 // softmax (max, sum) pairs, and passes `ahead` to its for_each_key calls; scores is scratch for per_unit *
-// kChunkKeys floats. merge(partial, stride, stats,
-// stat_stride, n, d, out) is merge_spans.
+// kChunkKeys floats. merge(partial, stride, stats, stat_stride, n, d, out) is merge_spans.
 template <typename T, typename Attend, typename Merge>
 void run_tasks(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& tables,
                const at::Tensor& lens, int64_t window, int64_t units, at::Tensor& out, Attend&& attend,
@@ -115,7 +114,8 @@ void run_tasks(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor&
   const int64_t* tp = tables.data_ptr<int64_t>();
   const int64_t* lp = lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
-  const int64_t head_stride = num_blocks * block_size * d, block_bytes = block_size * d * static_cast<int64_t>(sizeof(T));
+  const int64_t head_stride = num_blocks * block_size * d;
+  const int64_t block_bytes = block_size * d * static_cast<int64_t>(sizeof(T));
   std::vector<Spans> spans(batch);
   std::vector<int64_t> task0(batch + 1, 0), part0(batch + 1, 0);  // first task, first partial span of each row
   for (int64_t b = 0; b < batch; ++b) {

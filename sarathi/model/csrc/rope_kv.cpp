@@ -117,10 +117,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& q
   const at::Tensor qkv = qkv_in.contiguous();
   const at::Tensor cos = cos_in.to(at::kFloat).contiguous(), sin = sin_in.to(at::kFloat).contiguous();
   const at::Tensor slots = slot_mapping.to(at::kLong).contiguous();
-  if (tokens > 0) {
-    const int64_t lo = slots.min().item<int64_t>(), hi = slots.max().item<int64_t>();
-    TORCH_CHECK(lo >= 0 && hi < k_cache.size(1) * k_cache.size(2), "rope_write_kv: slot outside the cache");
-  }
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t)  // a loop, not min()/max() ops: this runs once per layer per step
+    TORCH_CHECK(sp[t] >= 0 && sp[t] < k_cache.size(1) * k_cache.size(2), "rope_write_kv: slot outside the cache");
   at::Tensor q = at::empty({tokens, heads, d}, qkv.options());
   const int64_t kept = return_kv ? tokens : 0;  // empty k and v when not asked for
   at::Tensor k = at::empty({kept, kv_heads, d}, qkv.options());
