@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import os
+import re
 import statistics
 import subprocess
 import time
@@ -56,13 +58,10 @@ def sources_in_tree() -> dict[str, bytes]:
 
 
 def renamed(sources: dict[str, bytes], namespace: str) -> dict[str, bytes]:
-    """The sources with their operators registered under `namespace` instead of sarathi_kernels."""
-    out = {}
-    for name, text in sources.items():
-        for macro in (b"TORCH_LIBRARY(", b"TORCH_LIBRARY_FRAGMENT("):
-            text = text.replace(macro + b"sarathi_kernels,", macro + namespace.encode() + b",")
-        out[name] = text
-    return out
+    """The sources with every `sarathi_kernels` (their operators' namespace, and the C++ one) renamed
+    `namespace`: two builds' C++ symbols then differ too."""
+    word = re.compile(rb"\bsarathi_kernels\b")
+    return {name: word.sub(namespace.encode(), text) for name, text in sources.items()}
 
 
 def build(sources: dict[str, bytes], role: str) -> str:
@@ -101,12 +100,32 @@ def build(sources: dict[str, bytes], role: str) -> str:
 def serving(namespace: str) -> Iterator[None]:
     """sarathi.model.kernels calls `namespace`'s operators inside the block: it looks each one up on
     torch.ops.sarathi_kernels at call time, so the attribute is swapped for the other namespace."""
-    ours = torch.ops.sarathi_kernels
-    torch.ops.__dict__["sarathi_kernels"] = getattr(torch.ops, namespace)
+    from sarathi.model import kernels
+
+    ours, ours_layers = torch.ops.sarathi_kernels, kernels.decode_layers
+    ops = getattr(torch.ops, namespace)
+    torch.ops.__dict__["sarathi_kernels"] = ops
+    if _takes_weight_lists(ops):
+        kernels.decode_layers = functools.partial(_decode_layers_from_lists, ops)
     try:
         yield
     finally:
         torch.ops.__dict__["sarathi_kernels"] = ours
+        kernels.decode_layers = ours_layers
+
+
+def _takes_weight_lists(ops) -> bool:
+    """Whether a build's decode_layers takes a run's weights as lists (builds before decode_run_make)."""
+    return hasattr(ops, "decode_layers") and not hasattr(ops, "decode_run_make")
+
+
+def _decode_layers_from_lists(ops, h, run, cos, sin, k_caches, v_caches, slots, tables, lens, window) -> None:
+    """kernels.decode_layers for such a build (a baseline from before decode_run_make)."""
+    f = run.first
+    ops.decode_layers(
+        *(h, run.norms, run.tensors, run.segments, run.layout, cos, sin, k_caches, v_caches, slots, tables),
+        *(lens, f.heads, f.head_dim, run.scale, window, f.eps, f.gelu, f.qk_norm, f.sandwich, f.f32),
+    )
 
 
 def case_fn(case: str, model, arch, dtype) -> Callable[[], object]:

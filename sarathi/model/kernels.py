@@ -46,7 +46,8 @@ import hashlib
 import logging
 import os
 import threading
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -228,28 +229,9 @@ def decode_layers(
     """Consecutive Llama-family decoder layers over decodes only, h (float32 [T, hidden]) updated in place:
     the same kernels as the Python layers' fused path, in one call (`csrc/decode_layer.cpp`); one K and one
     V cache per layer of the run."""
-    torch.ops.sarathi_kernels.decode_layers(
-        h,
-        run.norms,
-        run.tensors,
-        run.segments,
-        run.layout,
-        cos,
-        sin,
-        k_caches,
-        v_caches,
-        slot_mapping,
-        block_tables,
-        context_lens,
-        run.first.heads,
-        run.first.head_dim,
-        run.scale,
-        window,
-        run.first.eps,
-        run.first.gelu,
-        run.first.qk_norm,
-        run.first.sandwich,
-        run.first.f32,
+    ops = torch.ops.sarathi_kernels
+    ops.decode_layers(
+        h, run.number(ops), cos, sin, k_caches, v_caches, slot_mapping, block_tables, context_lens, window
     )
 
 
@@ -297,6 +279,31 @@ class DecodeRun:
     layout: list[int]
     first: DecodeLayerWeights
     scale: float
+    # the number a build's decode_layers knows this run by, per operator namespace (A/B builds have their own)
+    _made: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def number(self, ops) -> int:
+        """This run registered with `ops` (an operator namespace), once; released with this object. One int a
+        call then, rather than ~20 weight tensors a layer converted on every call (~170 us a cold step)."""
+        if ops.name not in self._made:
+            f = self.first
+            made = ops.decode_run_make(
+                self.norms,
+                self.tensors,
+                self.segments,
+                self.layout,
+                f.heads,
+                f.head_dim,
+                self.scale,
+                f.eps,
+                f.gelu,
+                f.qk_norm,
+                f.sandwich,
+                f.f32,
+            )
+            weakref.finalize(self, ops.decode_run_free, made).atexit = False
+            self._made[ops.name] = made
+        return self._made[ops.name]
 
     @staticmethod
     def shared(layer: DecodeLayerWeights, scale: float) -> tuple:

@@ -13,16 +13,17 @@ def test_renamed_moves_every_registration_to_the_new_namespace():
     registering = [name for name, text in sources.items() if b"TORCH_LIBRARY" in text]
     assert registering  # the tree registers its operators somewhere
     for name, text in out.items():
-        assert b"(sarathi_kernels," not in text, name
+        assert b"sarathi_kernels" not in text, name
         if name in registering:
             assert b"(sarathi_ab_x," in text
-    # nothing else changes
+    # the identifier as a whole word, wherever it stands (the C++ namespace too), and nothing else
     source = (
-        b"// sarathi_kernels ops\nTORCH_LIBRARY(sarathi_kernels, lib) {}\n"
-        b"TORCH_LIBRARY_FRAGMENT(sarathi_kernels, m) {}"
+        b"namespace sarathi_kernels {\nTORCH_LIBRARY(sarathi_kernels, lib) {}\n"
+        b'lib.def("f(__torch__.torch.classes.sarathi_kernels.C c) -> ()"); sarathi_kernels_x'
     )
     assert kernel_ab.renamed({"a.cpp": source}, "ns")["a.cpp"] == (
-        b"// sarathi_kernels ops\nTORCH_LIBRARY(ns, lib) {}\nTORCH_LIBRARY_FRAGMENT(ns, m) {}"
+        b'namespace ns {\nTORCH_LIBRARY(ns, lib) {}\nlib.def("f(__torch__.torch.classes.ns.C c) -> ()"); '
+        b"sarathi_kernels_x"
     )
 
 

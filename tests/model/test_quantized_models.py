@@ -169,3 +169,29 @@ def test_decode_layer_kernel_is_the_layer_by_layer_path_bit_for_bit(family, tmp_
     layered, layered_kv = run()
     assert torch.equal(fused, layered)
     assert all(torch.equal(a, b) for a, b in zip(fused_kv, layered_kv, strict=True))
+
+
+def test_a_decode_run_is_registered_once_and_released_with_its_object(quantized_model) -> None:
+    """`DecodeRun.number` registers the run's weights with the kernels once (one int per call after that);
+    the registration is released when the run is garbage: a call with its number then names the problem."""
+    import gc
+
+    from sarathi.model import SeqSlice, allocate_kv_cache, build_attention_metadata
+
+    model, arch = quantized_model
+    kv = allocate_kv_cache(arch, 4, 16, torch.bfloat16)
+    meta = build_attention_metadata([SeqSlice([0, 1], 20, 1)], 16)
+    model._decode_runs.clear()
+    model(torch.tensor([5]), meta.positions, meta, kv, torch.arange(1))
+    ((_, _, run),) = model._decode_runs[torch.bfloat16]  # keyed by the cache dtype
+    ops = torch.ops.sarathi_kernels
+    number = run.number(ops)
+    assert run.number(ops) == number
+    h = torch.zeros(1, arch.hidden_size)
+    cos, sin = torch.ones(1, arch.head_dim // 2), torch.zeros(1, arch.head_dim // 2)
+    args = ([k for k, _ in kv], [v for _, v in kv], meta.slot_mapping, torch.zeros(1, 2, dtype=torch.int32))
+    model._decode_runs.clear()
+    del run
+    gc.collect()
+    with pytest.raises(RuntimeError, match=f"no run {number} "):
+        ops.decode_layers(h, number, cos, sin, *args, torch.tensor([21], dtype=torch.int32), 0)

@@ -5,16 +5,23 @@
 // Python between them (modules, wrappers, dispatch) ~50 us more; between layers, with the caches cold from the
 // weights just streamed, each layer's call and the Python around it cost ~20 us more: this removes both.
 //
-// Per layer, in order: its norms (2, +2 with QK-norm, +2 with sandwich norms) in `norms`; 5 tensors per
-// quantized segment (codes, d, sc, dm, mc, as sarathi/model/quantized.py packs them) in `weights`; 6 ints per
-// segment (linear: 0 qkv, 1 o, 2 gate_up, 3 down; first output row; rows; bits; sub; zero) in `segments`; and
-// in `layout` 5 ints: its number of segments, then the 4 linears' output widths. f32: the float32 layers' steps
-// (float32 results: CPUs without AVX512-BF16), else the bf16 math's.
+// A run's weights are registered once (decode_run_make, whose number the caller passes): per layer, in order, its norms (2,
+// +2 with QK-norm, +2 with sandwich norms); 5 tensors per quantized segment (codes, d, sc, dm, mc, as
+// sarathi/model/quantized.py packs them); 6 ints per segment (linear: 0 qkv, 1 o, 2 gate_up, 3 down; first
+// output row; rows; bits; sub; zero); and 5 layout ints: its number of segments, then the 4 linears' output
+// widths; and what the layers share (heads, head_dim, the attention scale, eps, the activation, QK-norm,
+// sandwich norms, f32: the float32 layers' steps, float32 results on CPUs without AVX512-BF16, else the bf16
+// math's). Passed as lists, a 1B model's ~370 weight tensors were converted on every call and released after
+// it, on caches the streamed weights left cold: ~170 us of a one-sequence step (a custom class object took as
+// long: torch converts one in ~10 us warm, ~200 us cold).
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <deque>
+#include <mutex>
+#include <optional>
 #include <vector>
 
 #include "kernel_ops.h"
@@ -82,37 +89,93 @@ void decode_layer(at::Tensor& h, const LayerWeights& w, const at::Tensor& cos, c
 
 }  // namespace
 
-void decode_layers(at::Tensor& h, at::TensorList norms, at::TensorList weights, at::IntArrayRef segments,
-                   at::IntArrayRef layout, const at::Tensor& cos, const at::Tensor& sin, at::TensorList k_caches,
-                   at::TensorList v_caches, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-                   const at::Tensor& context_lens, int64_t heads, int64_t head_dim, double scale, int64_t window,
-                   double eps, bool gelu, bool qk_norm, bool sandwich, bool f32) {
-  const int64_t layers = static_cast<int64_t>(k_caches.size());
+// A run of layers' weights and what they share (see the top of this file), checked once when made.
+struct DecodeRunWeights {
+  std::vector<at::Tensor> norms, weights;
+  std::vector<int64_t> segments, layout;
+  int64_t heads, head_dim, per_layer_norms;
+  double scale, eps;
+  bool gelu, qk_norm, sandwich, f32;
+
+  int64_t layers() const { return static_cast<int64_t>(layout.size()) / kLayoutInts; }
+};
+
+namespace {
+
+// The runs made in this process, by number; a freed one's slot is emptied, its number not reused. Never
+// destroyed: at exit their tensors are left to the process's end, not released during static destruction.
+struct Runs {
+  std::mutex mutex;
+  std::deque<std::optional<DecodeRunWeights>> slots;  // a deque's elements stay where they are as it grows
+};
+
+Runs& runs() {
+  static Runs* all = new Runs;
+  return *all;
+}
+
+const DecodeRunWeights& run_at(int64_t id) {
+  Runs& all = runs();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(all.slots.size()) && all.slots[id].has_value(),
+              "decode_layers: no run ", id, " (freed, or never made)");
+  return *all.slots[id];
+}
+
+}  // namespace
+
+int64_t decode_run_make(std::vector<at::Tensor> norms, std::vector<at::Tensor> weights, std::vector<int64_t> segments,
+                        std::vector<int64_t> layout, int64_t heads, int64_t head_dim, double scale, double eps,
+                        bool gelu, bool qk_norm, bool sandwich, bool f32) {
   const int64_t per_layer_norms = 2 + (qk_norm ? 2 : 0) + (sandwich ? 2 : 0);
-  TORCH_CHECK(layers > 0 && static_cast<int64_t>(v_caches.size()) == layers, "decode_layers: one K and one V cache per layer expected");
-  TORCH_CHECK(static_cast<int64_t>(layout.size()) == layers * kLayoutInts, "decode_layers: 5 layout ints per layer expected");
+  TORCH_CHECK(!layout.empty() && layout.size() % kLayoutInts == 0, "decode_layers: 5 layout ints per layer expected");
+  const int64_t layers = static_cast<int64_t>(layout.size()) / kLayoutInts;
   TORCH_CHECK(static_cast<int64_t>(norms.size()) == layers * per_layer_norms, "decode_layers: wrong number of norms");
   int64_t total_segments = 0;
   for (int64_t l = 0; l < layers; ++l) total_segments += layout[l * kLayoutInts];
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == total_segments * 5 &&
                   static_cast<int64_t>(segments.size()) == total_segments * kSegmentInts,
               "decode_layers: 5 weight tensors and 6 ints per segment expected");
+  Runs& all = runs();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  all.slots.emplace_back(DecodeRunWeights{std::move(norms), std::move(weights), std::move(segments),
+                                          std::move(layout), heads, head_dim, per_layer_norms, scale, eps, gelu,
+                                          qk_norm, sandwich, f32});
+  return static_cast<int64_t>(all.slots.size()) - 1;
+}
+
+// Releases run `id`'s tensors (the caller's object for it is going away).
+void decode_run_free(int64_t id) {
+  Runs& all = runs();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  if (id >= 0 && id < static_cast<int64_t>(all.slots.size())) all.slots[id].reset();
+}
+
+void decode_layers(at::Tensor& h, int64_t run, const at::Tensor& cos, const at::Tensor& sin, at::TensorList k_caches,
+                   at::TensorList v_caches, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                   const at::Tensor& context_lens, int64_t window) {
+  const DecodeRunWeights& r = run_at(run);
+  const int64_t layers = r.layers();
+  TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == layers && static_cast<int64_t>(v_caches.size()) == layers,
+              "decode_layers: one K and one V cache per layer of the run expected (", layers, ")");
   int64_t first_segment = 0;
   for (int64_t l = 0; l < layers; ++l) {
-    const int64_t* lay = layout.data() + l * kLayoutInts;
-    const LayerWeights w{norms.data() + l * per_layer_norms, weights.data() + first_segment * 5,
-                         segments.data() + first_segment * kSegmentInts, lay[0], lay + 1};
-    decode_layer(h, w, cos, sin, k_caches[l], v_caches[l], slot_mapping, block_tables, context_lens, heads,
-                 head_dim, scale, window, eps, gelu, qk_norm, sandwich, f32);
+    const int64_t* lay = r.layout.data() + l * kLayoutInts;
+    const LayerWeights w{r.norms.data() + l * r.per_layer_norms, r.weights.data() + first_segment * 5,
+                         r.segments.data() + first_segment * kSegmentInts, lay[0], lay + 1};
+    decode_layer(h, w, cos, sin, k_caches[l], v_caches[l], slot_mapping, block_tables, context_lens, r.heads,
+                 r.head_dim, r.scale, window, r.eps, r.gelu, r.qk_norm, r.sandwich, r.f32);
     first_segment += lay[0];
   }
 }
 
 TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
-  lib.def("decode_layers(Tensor(a!) h, Tensor[] norms, Tensor[] weights, int[] segments, int[] layout, Tensor cos, "
-          "Tensor sin, Tensor(b!)[] k_caches, Tensor(c!)[] v_caches, Tensor slot_mapping, Tensor block_tables, "
-          "Tensor context_lens, int heads, int head_dim, float scale, int window, float eps, bool gelu, bool qk_norm, "
-          "bool sandwich, bool f32=False) -> ()",
+  lib.def("decode_run_make(Tensor[] norms, Tensor[] weights, int[] segments, int[] layout, int heads, int head_dim, "
+          "float scale, float eps, bool gelu, bool qk_norm, bool sandwich, bool f32) -> int",
+          &decode_run_make);
+  lib.def("decode_run_free(int run) -> ()", &decode_run_free);
+  lib.def("decode_layers(Tensor(a!) h, int run, Tensor cos, Tensor sin, Tensor(b!)[] k_caches, Tensor(c!)[] v_caches, "
+          "Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int window) -> ()",
           &decode_layers);
 }
 
