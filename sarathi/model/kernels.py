@@ -63,6 +63,7 @@ _HEADERS = sorted((Path(__file__).parent / "csrc").glob("*.h"))
 _FLAGS = ["-O3", "-fopenmp"]
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ok": bool, "why": str once decided
+_decided: str | None = None  # _state["level"] once decided
 
 
 def source_digest() -> str:
@@ -110,6 +111,11 @@ def _load() -> tuple[str, str]:
 
 
 def _level() -> str:
+    global _decided
+    # decided once: read without the lock after that (a model's forward asks several times a step, and on
+    # the caches a step's streamed weights leave cold the lock and dict took ~25 us each)
+    if _decided is not None:
+        return _decided
     with _lock:
         if "level" not in _state:
             level, why = _load()
@@ -123,7 +129,8 @@ def _level() -> str:
                 )
             elif level == "none":
                 logger.warning("sarathi's CPU kernels unavailable (%s): using PyTorch's kernels", why)
-        return str(_state["level"])
+        _decided = str(_state["level"])
+        return _decided
 
 
 def level() -> str:

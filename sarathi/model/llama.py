@@ -86,7 +86,7 @@ class RMSNorm(nn.Module):
     def rows(self, x: torch.Tensor, indices: torch.Tensor | None) -> torch.Tensor:
         """Normalize rows `indices` of x [T, dim] (all of x, any leading shape, when None): our kernel
         selects, normalizes and rounds in one call where it runs."""
-        cpu_rows = x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
+        cpu_rows = x.dtype == torch.float32 and x.is_cpu and x.is_contiguous()
         if cpu_rows and self.out_dtype in (torch.float32, torch.bfloat16) and kernels.portable_available():
             return kernels.rms_norm_f32(x, self.weight, self.eps, indices, self.out_dtype == torch.bfloat16)
         if indices is not None:

@@ -119,7 +119,7 @@ def decode_kernel_serves(k_cache: torch.Tensor, compute_dtype: torch.dtype) -> b
     head_dim = k_cache.shape[-1]
     return (
         compute_dtype == torch.float32
-        and k_cache.device.type == "cpu"
+        and k_cache.is_cpu
         and k_cache.dtype in (torch.float32, torch.bfloat16)
         and head_dim % 16 == 0
         and head_dim <= 256
@@ -130,7 +130,7 @@ def decode_kernel_serves(k_cache: torch.Tensor, compute_dtype: torch.dtype) -> b
 def chunk_kernel_serves(k_cache: torch.Tensor) -> bool:
     """Whether our chunk-attention kernel handles this cache (bf16; head_dim a multiple of 16)."""
     return (
-        k_cache.device.type == "cpu"
+        k_cache.is_cpu
         and k_cache.dtype == torch.bfloat16
         and k_cache.shape[-1] % 16 == 0
         and kernels.available()

@@ -48,7 +48,7 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch
     float32 angle's cosine or sine correctly rounded (`kernels.rope_tables`); elsewhere PyTorch's float32
     cos and sin (within an ulp of those).
     """
-    if positions.device.type == "cpu" and inv_freq.device.type == "cpu" and kernels.portable_available():
+    if positions.is_cpu and inv_freq.is_cpu and kernels.portable_available():
         return kernels.rope_tables(positions, inv_freq)
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     cos, sin = angles.cos(), angles.sin()
