@@ -232,14 +232,40 @@ def decode_layers(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     window: int,
-) -> None:
+    logits_rows: torch.Tensor | None = None,
+) -> torch.Tensor | None:
     """Consecutive Llama-family decoder layers over decodes only, h (float32 [T, hidden]) updated in place:
     the same kernels as the Python layers' fused path, in one call (`csrc/decode_layer.cpp`); one K and one
-    V cache per layer of the run."""
+    V cache per layer of the run. With `logits_rows` (a run with the model's `head`): then the float32 logits
+    of those rows, as the final norm's `rows` and the LM head compute them."""
     ops = torch.ops.sarathi_kernels
-    ops.decode_layers(
-        h, run.number(ops), cos, sin, k_caches, v_caches, slot_mapping, block_tables, context_lens, window
+    return ops.decode_layers(
+        h,
+        run.number(ops),
+        cos,
+        sin,
+        k_caches,
+        v_caches,
+        slot_mapping,
+        block_tables,
+        context_lens,
+        window,
+        logits_rows,
     )
+
+
+@dataclass(frozen=True)
+class DecodeHead:
+    """The model's final norm (float32 weight, eps; `bf16`: rows rounded to bf16, as for bf16 math) and its
+    quantized LM head (5 tensors and 6 ints per segment, as `DecodeLayerWeights.segments_of` gives them for
+    one linear, and its output width), for the run of layers that ends the model."""
+
+    norm: torch.Tensor
+    eps: float
+    bf16: bool
+    tensors: list[torch.Tensor]
+    segments: list[int]
+    width: int
 
 
 @dataclass(frozen=True)
@@ -286,6 +312,7 @@ class DecodeRun:
     layout: list[int]
     first: DecodeLayerWeights
     scale: float
+    head: DecodeHead | None = None
     # the number a build's decode_layers knows this run by, per operator namespace (A/B builds have their own)
     _made: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -309,6 +336,11 @@ class DecodeRun:
                 f.f32,
             )
             weakref.finalize(self, ops.decode_run_free, made).atexit = False
+            if self.head is not None:
+                head = self.head
+                ops.decode_run_head(
+                    made, head.norm, head.eps, head.bf16, head.tensors, head.segments, head.width
+                )
             self._made[ops.name] = made
         return self._made[ops.name]
 

@@ -15,6 +15,7 @@ qkv and gate/up, row-parallel o and down followed by a float32 all-reduce).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -396,11 +397,12 @@ class LlamaForCausalLM(nn.Module):
                 inv_freq = self.local_inv_freq if sliding else self.inv_freq
                 rotations[sliding] = rope_cos_sin(positions, inv_freq)
             inputs[g] = self._layer_inputs(*rotations[sliding], meta, kv_caches)
+        logits = None  # from the last run's call, where it holds the model's head
         for start, end, run in self._layer_runs(kv_caches[0][0]) if kv_caches else []:
             layer_inputs = inputs[self.layer_group[start]]
             plan = layer_inputs.plan
             if run is not None and not layer_inputs.meta.prefills and plan.decode_in_place:
-                kernels.decode_layers(
+                logits = kernels.decode_layers(
                     h,
                     run,
                     layer_inputs.cos,
@@ -411,15 +413,16 @@ class LlamaForCausalLM(nn.Module):
                     plan.decode_tables,
                     plan.decode_lens,
                     plan.decode_window,
+                    None if run.head is None else logits_indices,
                 )
                 continue
             for layer, kv in zip(self.layers[start:end], kv_caches[start:end], strict=True):
                 h = layer(h, layer_inputs, kv)
         if self.lm_head is None:
             return h
-        h = self.norm.rows(h, logits_indices)
-        logits = self.lm_head(h)
-        logits = logits if logits.dtype == torch.float32 else logits.float()
+        if logits is None:
+            logits = self.lm_head(self.norm.rows(h, logits_indices))
+            logits = logits if logits.dtype == torch.float32 else logits.float()
         cap = self.arch.final_logit_softcapping
         return logits if not cap else torch.tanh(logits / cap) * cap
 
@@ -444,8 +447,25 @@ class LlamaForCausalLM(nn.Module):
                     if not members:
                         start, key, scale = i, this, layer.self_attn.scale
                     members.append(weights)
+            head = self._decode_head()
+            if runs and runs[-1][2] is not None and head is not None:  # the last run ends the model
+                start, end, run = runs[-1]
+                runs[-1] = (start, end, dataclasses.replace(run, head=head))
             self._decode_runs[k_cache.dtype] = runs
         return self._decode_runs[k_cache.dtype]
+
+    def _decode_head(self) -> kernels.DecodeHead | None:
+        """The final norm and LM head as the last run's `decode_layers` call takes them, or None where the
+        kernels do not compute them as `RMSNorm.rows` and `Linear` would: the last pipeline stage only, a
+        quantized head without bias, the norm's kernel (float32 or bf16 rows)."""
+        head, norm = self.lm_head, self.norm
+        if head is None or norm is None or not head.quantized_segments or head.bias is not None:
+            return None
+        if norm.out_dtype not in (torch.float32, torch.bfloat16) or not kernels.portable_available():
+            return None
+        tensors, segments = kernels.DecodeLayerWeights.segments_of([head.quantized_segments])
+        bf16 = norm.out_dtype == torch.bfloat16
+        return kernels.DecodeHead(norm.weight, norm.eps, bf16, tensors, segments, head.out_features)
 
     def _layer_inputs(
         self, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata, kv_caches: KVCache

@@ -14,6 +14,11 @@
 // math's). Passed as lists, a 1B model's ~370 weight tensors were converted on every call and released after
 // it, on caches the streamed weights left cold: ~170 us of a one-sequence step (a custom class object took as
 // long: torch converts one in ~10 us warm, ~200 us cold).
+//
+// The run that ends the model may also hold its final norm and LM head (decode_run_head): given the rows whose
+// logits are wanted, the call then returns them, as RMSNorm.rows and Linear compute them (rms_norm_f32 over
+// those rows, rounded to bf16 for bf16 math, then the head's quantized product), without the ~120 us the
+// Python between the layers and the logits took at one sequence on cold caches.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -97,6 +102,13 @@ struct DecodeRunWeights {
   double scale, eps;
   bool gelu, qk_norm, sandwich, f32;
 
+  // the final norm and the LM head (one linear: its segments' which = 0, widths[0] its output width)
+  std::optional<at::Tensor> final_norm;
+  double final_eps = 0.0;
+  bool final_bf16 = false;
+  std::vector<at::Tensor> head_weights;
+  std::vector<int64_t> head_segments, head_widths;
+
   int64_t layers() const { return static_cast<int64_t>(layout.size()) / kLayoutInts; }
 };
 
@@ -114,7 +126,7 @@ Runs& runs() {
   return *all;
 }
 
-const DecodeRunWeights& run_at(int64_t id) {
+DecodeRunWeights& run_at(int64_t id) {
   Runs& all = runs();
   std::lock_guard<std::mutex> lock(all.mutex);
   TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(all.slots.size()) && all.slots[id].has_value(),
@@ -144,6 +156,21 @@ int64_t decode_run_make(std::vector<at::Tensor> norms, std::vector<at::Tensor> w
   return static_cast<int64_t>(all.slots.size()) - 1;
 }
 
+// Gives run `id` the model's final norm (float32 [hidden], rms_norm_f32's `bf16` rounding) and its LM head (5
+// tensors and 6 ints per quantized segment, as a layer's, linear 0, and its output width).
+void decode_run_head(int64_t id, const at::Tensor& norm, double eps, bool bf16, std::vector<at::Tensor> weights,
+                     std::vector<int64_t> segments, int64_t width) {
+  TORCH_CHECK(!segments.empty() && static_cast<int64_t>(weights.size()) * kSegmentInts ==
+                                       static_cast<int64_t>(segments.size()) * 5,
+              "decode_run_head: 5 weight tensors and 6 ints per segment expected");
+  for (size_t s = 0; s < segments.size(); s += kSegmentInts)
+    TORCH_CHECK(segments[s] == 0, "decode_run_head: the head's segments are linear 0");
+  DecodeRunWeights& r = run_at(id);
+  std::lock_guard<std::mutex> lock(runs().mutex);
+  r.final_norm = norm, r.final_eps = eps, r.final_bf16 = bf16;
+  r.head_weights = std::move(weights), r.head_segments = std::move(segments), r.head_widths = {width, 0, 0, 0};
+}
+
 // Releases run `id`'s tensors (the caller's object for it is going away).
 void decode_run_free(int64_t id) {
   Runs& all = runs();
@@ -151,13 +178,16 @@ void decode_run_free(int64_t id) {
   if (id >= 0 && id < static_cast<int64_t>(all.slots.size())) all.slots[id].reset();
 }
 
-void decode_layers(at::Tensor& h, int64_t run, const at::Tensor& cos, const at::Tensor& sin, at::TensorList k_caches,
-                   at::TensorList v_caches, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-                   const at::Tensor& context_lens, int64_t window) {
+std::optional<at::Tensor> decode_layers(at::Tensor& h, int64_t run, const at::Tensor& cos, const at::Tensor& sin,
+                                        at::TensorList k_caches, at::TensorList v_caches,
+                                        const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                                        const at::Tensor& context_lens, int64_t window,
+                                        const std::optional<at::Tensor>& logits_rows) {
   const DecodeRunWeights& r = run_at(run);
   const int64_t layers = r.layers();
   TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == layers && static_cast<int64_t>(v_caches.size()) == layers,
               "decode_layers: one K and one V cache per layer of the run expected (", layers, ")");
+  TORCH_CHECK(!logits_rows || r.final_norm, "decode_layers: logits asked of a run without the model's head");
   int64_t first_segment = 0;
   for (int64_t l = 0; l < layers; ++l) {
     const int64_t* lay = r.layout.data() + l * kLayoutInts;
@@ -167,15 +197,24 @@ void decode_layers(at::Tensor& h, int64_t run, const at::Tensor& cos, const at::
                  r.head_dim, r.scale, window, r.eps, r.gelu, r.qk_norm, r.sandwich, r.f32);
     first_segment += lay[0];
   }
+  if (!logits_rows) return std::nullopt;
+  const at::Tensor x = rms_norm_f32(h, *r.final_norm, r.final_eps, logits_rows, r.final_bf16);
+  const LayerWeights head{nullptr, r.head_weights.data(), r.head_segments.data(),
+                          static_cast<int64_t>(r.head_segments.size()) / kSegmentInts, r.head_widths.data()};
+  return linear(0, x, head);
 }
 
 TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
   lib.def("decode_run_make(Tensor[] norms, Tensor[] weights, int[] segments, int[] layout, int heads, int head_dim, "
           "float scale, float eps, bool gelu, bool qk_norm, bool sandwich, bool f32) -> int",
           &decode_run_make);
+  lib.def("decode_run_head(int run, Tensor norm, float eps, bool bf16, Tensor[] weights, int[] segments, int width) "
+          "-> ()",
+          &decode_run_head);
   lib.def("decode_run_free(int run) -> ()", &decode_run_free);
   lib.def("decode_layers(Tensor(a!) h, int run, Tensor cos, Tensor sin, Tensor(b!)[] k_caches, Tensor(c!)[] v_caches, "
-          "Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int window) -> ()",
+          "Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int window, Tensor? logits_rows=None) "
+          "-> Tensor?",
           &decode_layers);
 }
 

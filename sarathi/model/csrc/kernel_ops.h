@@ -45,6 +45,8 @@ void decode_attention_avx2(const at::Tensor& q, const at::Tensor& k_cache, const
 void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& sc,
                 const at::Tensor& dm, const at::Tensor& mc, int64_t bits, int64_t sub, int64_t zero, at::Tensor& out,
                 int64_t int8_rows = -1);
+at::Tensor rms_norm_f32(const at::Tensor& x, const at::Tensor& w, double eps, const std::optional<at::Tensor>& rows,
+                        bool bf16);
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& sc,
                         const at::Tensor& dm, const at::Tensor& mc, int64_t bits, int64_t sub, int64_t zero, int64_t n);
 
