@@ -23,7 +23,9 @@
   (`csrc/quant_rows.cpp`).
 - `decode_layers`: consecutive Llama-family layers over decodes only, their quantized GEMVs and fused steps
   in one call (`csrc/decode_layer.cpp`): at one sequence the Python between a layer's kernels costs half as
-  much again, and each layer's call and the Python between layers ~20 us more.
+  much again, and each layer's call and the Python between layers ~20 us more. A run's weights are
+  registered once (`DecodeRun.number`); the run that ends the model also takes the final norm and LM head
+  (`DecodeHead`) and returns the logits.
 - `rope_tables`: RoPE's cos and sin tables for a batch of positions, one call (`csrc/rope_tables.cpp`).
 - `mask_logits_by_bitmask`: structured outputs' packed token bitmask applied to logit rows in place
   (`csrc/token_bitmask.cpp`).
