@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "contiguous_as.h"
 #include "kernel_ops.h"
 #include "parallel_ranges.h"  // before the target pragmas: plain x86-64 code
 
@@ -350,9 +351,9 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache, c
               "decode_attention: q must be [B, heads, d] and the caches [kv_heads, blocks, block_size, d]");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "decode_attention: caches must be contiguous");
   TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "decode_attention: k and v caches differ in dtype");
-  const at::Tensor q = q_in.to(at::kFloat).contiguous();
-  const at::Tensor tables = block_tables.to(at::kLong).contiguous();
-  const at::Tensor lens = context_lens.to(at::kLong).contiguous();
+  const at::Tensor q = contiguous_as(q_in, at::kFloat);
+  const at::Tensor tables = contiguous_as(block_tables, at::kLong);
+  const at::Tensor lens = contiguous_as(context_lens, at::kLong);
   const int64_t batch = q.size(0), heads = q.size(1), d = q.size(2), kv_heads = k_cache.size(0);
   TORCH_CHECK(k_cache.size(3) == d, "decode_attention: head_dim of q (", d, ") and cache differ");
   TORCH_CHECK(d % kLanes == 0 && d <= 256, "decode_attention: head_dim must be a multiple of 16 up to 256");

@@ -87,8 +87,10 @@ void decode_layer(at::Tensor& h, const LayerWeights& w, const at::Tensor& cos, c
   at::Tensor y = linear(3, act_mul(gate_up), w);
   if (sandwich) {
     norm_add_norm(h, y, w.norms[ff + 1], std::nullopt, eps);
-  } else {
-    h.add_(y);
+  } else {  // h += y, as h.add_(y) adds, in a loop: at::add_'s dispatch and TensorIterator, cold each layer, cost more
+    float* hp = h.data_ptr<float>();
+    const float* yp = y.data_ptr<float>();
+    for (int64_t i = 0, n = h.numel(); i < n; ++i) hp[i] += yp[i];
   }
 }
 

@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "contiguous_as.h"  // before the target pragmas: plain x86-64 code, shared by every build
+
 // vec_math.h is AVX-512 code, compiled for it (callers run only where cpu_supported() says so).
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
@@ -94,7 +96,7 @@ at::Tensor norm_add_rms_norm_bf16(at::Tensor& residual, const at::Tensor& x_in, 
   TORCH_CHECK(residual.dim() == 2 && residual.scalar_type() == at::kFloat && residual.is_contiguous(),
               "norm_add_rms_norm_bf16: residual must be contiguous float32 [T, H]");
   const int64_t rows = residual.size(0), width = residual.size(1);
-  const at::Tensor x = x_in.to(at::kFloat).contiguous();
+  const at::Tensor x = contiguous_as(x_in, at::kFloat);
   TORCH_CHECK(x.sizes() == residual.sizes(), "norm_add_rms_norm_bf16: x and residual differ in shape");
   TORCH_CHECK(w_x.numel() == width && w_x.scalar_type() == at::kFloat && w_x.is_contiguous(),
               "norm_add_rms_norm_bf16: w_x must be contiguous float32 [H]");
@@ -149,7 +151,7 @@ at::Tensor add_rms_norm_bf16(at::Tensor& residual, const std::optional<at::Tenso
               "add_rms_norm_bf16: weight must be contiguous float32 [H]");
   at::Tensor x;
   if (x_opt.has_value() && x_opt->defined()) {
-    x = x_opt->to(at::kFloat).contiguous();
+    x = contiguous_as(*x_opt, at::kFloat);
     TORCH_CHECK(x.sizes() == residual.sizes(), "add_rms_norm_bf16: x and residual differ in shape");
   }
   at::Tensor out = at::empty({rows, width}, residual.options().dtype(at::kBFloat16));

@@ -22,6 +22,7 @@
 #include <optional>
 #include <vector>
 
+#include "contiguous_as.h"
 #include "kernel_ops.h"
 
 #pragma GCC push_options
@@ -165,7 +166,7 @@ at::Tensor add_rms_norm_f32(at::Tensor& residual, const std::optional<at::Tensor
   check_row_weight(weight, width, "add_rms_norm_f32: weight");
   at::Tensor x;
   if (x_opt.has_value() && x_opt->defined()) {
-    x = x_opt->to(at::kFloat).contiguous();
+    x = contiguous_as(*x_opt, at::kFloat);
     TORCH_CHECK(x.sizes() == residual.sizes(), "add_rms_norm_f32: x and residual differ in shape");
   }
   at::Tensor out = at::empty({rows, width}, residual.options());
@@ -187,7 +188,7 @@ at::Tensor norm_add_rms_norm_f32(at::Tensor& residual, const at::Tensor& x_in, c
                                  const std::optional<at::Tensor>& w_next_opt, double eps) {
   check_residual(residual, "norm_add_rms_norm_f32");
   const int64_t rows = residual.size(0), width = residual.size(1);
-  const at::Tensor x = x_in.to(at::kFloat).contiguous();
+  const at::Tensor x = contiguous_as(x_in, at::kFloat);
   TORCH_CHECK(x.sizes() == residual.sizes(), "norm_add_rms_norm_f32: x and residual differ in shape");
   check_row_weight(w_x, width, "norm_add_rms_norm_f32: w_x");
   const bool next = w_next_opt.has_value() && w_next_opt->defined();

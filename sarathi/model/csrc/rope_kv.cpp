@@ -22,6 +22,7 @@
 #include <optional>
 #include <tuple>
 
+#include "contiguous_as.h"
 #include "kernel_ops.h"
 
 // This file is the AVX-512 build; CPUs without AVX512-BF16 run rope_kv_avx2.cpp's.
@@ -115,8 +116,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rope_write_kv(const at::Tensor& q
   const float* kn = normed ? k_norm->data_ptr<float>() : nullptr;
   const float e = static_cast<float>(eps);
   const at::Tensor qkv = qkv_in.contiguous();
-  const at::Tensor cos = cos_in.to(at::kFloat).contiguous(), sin = sin_in.to(at::kFloat).contiguous();
-  const at::Tensor slots = slot_mapping.to(at::kLong).contiguous();
+  const at::Tensor cos = contiguous_as(cos_in, at::kFloat), sin = contiguous_as(sin_in, at::kFloat);
+  const at::Tensor slots = contiguous_as(slot_mapping, at::kLong);
   const int64_t* sp = slots.data_ptr<int64_t>();
   for (int64_t t = 0; t < tokens; ++t)  // a loop, not min()/max() ops: this runs once per layer per step
     TORCH_CHECK(sp[t] >= 0 && sp[t] < k_cache.size(1) * k_cache.size(2), "rope_write_kv: slot outside the cache");
