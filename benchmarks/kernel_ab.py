@@ -119,13 +119,24 @@ def _takes_weight_lists(ops) -> bool:
     return hasattr(ops, "decode_layers") and not hasattr(ops, "decode_run_make")
 
 
-def _decode_layers_from_lists(ops, h, run, cos, sin, k_caches, v_caches, slots, tables, lens, window) -> None:
-    """kernels.decode_layers for such a build (a baseline from before decode_run_make)."""
+def _decode_layers_from_lists(ops, h, run, cos, sin, ks, vs, slots, tables, lens, window, rows=None):
+    """kernels.decode_layers for such a build (a baseline from before decode_run_make): the layers through its
+    list signature, then the final norm and LM head (where the run holds them) through its own kernels."""
     f = run.first
     ops.decode_layers(
-        *(h, run.norms, run.tensors, run.segments, run.layout, cos, sin, k_caches, v_caches, slots, tables),
+        *(h, run.norms, run.tensors, run.segments, run.layout, cos, sin, ks, vs, slots, tables),
         *(lens, f.heads, f.head_dim, run.scale, window, f.eps, f.gelu, f.qk_norm, f.sandwich, f.f32),
     )
+    if rows is None:
+        return None
+    head = run.head
+    x = ops.rms_norm_f32(h, head.norm, head.eps, rows, head.bf16)
+    logits = torch.empty(x.shape[0], head.width, dtype=torch.float32)
+    for i in range(0, len(head.segments), 6):
+        _, row, n, bits, sub, zero = head.segments[i : i + 6]
+        codes, d, sc, dm, mc = head.tensors[i // 6 * 5 : i // 6 * 5 + 5]
+        ops.quant_gemm(x, codes, d, sc, dm, mc, bits, sub, zero, logits[:, row : row + n], -1)
+    return logits
 
 
 def case_fn(case: str, model, arch, dtype) -> Callable[[], object]:
