@@ -100,18 +100,18 @@ def build(sources: dict[str, bytes], role: str) -> str:
 def serving(namespace: str) -> Iterator[None]:
     """sarathi.model.kernels calls `namespace`'s operators inside the block: it looks each one up on
     torch.ops.sarathi_kernels at call time, so the attribute is swapped for the other namespace."""
-    from sarathi.model import kernels
+    from sarathi.model import decode_run
 
-    ours, ours_layers = torch.ops.sarathi_kernels, kernels.decode_layers
+    ours, ours_layers = torch.ops.sarathi_kernels, decode_run.decode_layers
     ops = getattr(torch.ops, namespace)
     torch.ops.__dict__["sarathi_kernels"] = ops
     if _takes_weight_lists(ops):
-        kernels.decode_layers = functools.partial(_decode_layers_from_lists, ops)
+        decode_run.decode_layers = functools.partial(_decode_layers_from_lists, ops)
     try:
         yield
     finally:
         torch.ops.__dict__["sarathi_kernels"] = ours
-        kernels.decode_layers = ours_layers
+        decode_run.decode_layers = ours_layers
 
 
 def _takes_weight_lists(ops) -> bool:
@@ -120,8 +120,8 @@ def _takes_weight_lists(ops) -> bool:
 
 
 def _decode_layers_from_lists(ops, h, run, cos, sin, ks, vs, slots, tables, lens, window, rows=None):
-    """kernels.decode_layers for such a build (a baseline from before decode_run_make): the layers through its
-    list signature, then the final norm and LM head (where the run holds them) through its own kernels."""
+    """decode_run.decode_layers for such a build (a baseline from before decode_run_make): the layers through
+    its list signature, then the final norm and LM head (where the run holds them) through its own kernels."""
     f = run.first
     ops.decode_layers(
         *(h, run.norms, run.tensors, run.segments, run.layout, cos, sin, ks, vs, slots, tables),

@@ -22,10 +22,8 @@
 - `quant_rows`: rows of such a weight dequantized to float32: a quantized token table's lookup
   (`csrc/quant_rows.cpp`).
 - `decode_layers`: consecutive Llama-family layers over decodes only, their quantized GEMVs and fused steps
-  in one call (`csrc/decode_layer.cpp`): at one sequence the Python between a layer's kernels costs half as
-  much again, and each layer's call and the Python between layers ~20 us more. A run's weights are
-  registered once (`DecodeRun.number`); the run that ends the model also takes the final norm and LM head
-  (`DecodeHead`) and returns the logits.
+  in one call, and the final norm and LM head after the last (`csrc/decode_layer.cpp`; what it takes and
+  how layers are grouped into its runs: `sarathi/model/decode_run.py`).
 - `rope_tables`: RoPE's cos and sin tables for a batch of positions, one call (`csrc/rope_tables.cpp`).
 - `mask_logits_by_bitmask`: structured outputs' packed token bitmask applied to logit rows in place
   (`csrc/token_bitmask.cpp`).
@@ -48,8 +46,6 @@ import hashlib
 import logging
 import os
 import threading
-import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -221,162 +217,6 @@ def quant_linear(x: torch.Tensor, w: PackedQuant) -> torch.Tensor:
     return torch.ops.sarathi_kernels.quant_linear(
         x, w.codes, w.d, w.sc, w.dm, w.mc, w.bits, w.sub, w.zero, w.rows
     )
-
-
-def decode_layers(
-    h: torch.Tensor,
-    run: DecodeRun,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    k_caches: list[torch.Tensor],
-    v_caches: list[torch.Tensor],
-    slot_mapping: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    window: int,
-    logits_rows: torch.Tensor | None = None,
-) -> torch.Tensor | None:
-    """Consecutive Llama-family decoder layers over decodes only, h (float32 [T, hidden]) updated in place:
-    the same kernels as the Python layers' fused path, in one call (`csrc/decode_layer.cpp`); one K and one
-    V cache per layer of the run. With `logits_rows` (a run with the model's `head`): then the float32 logits
-    of those rows, as the final norm's `rows` and the LM head compute them."""
-    ops = torch.ops.sarathi_kernels
-    return ops.decode_layers(
-        h,
-        run.number(ops),
-        cos,
-        sin,
-        k_caches,
-        v_caches,
-        slot_mapping,
-        block_tables,
-        context_lens,
-        window,
-        logits_rows,
-    )
-
-
-@dataclass(frozen=True)
-class DecodeHead:
-    """The model's final norm (float32 weight, eps; `bf16`: rows rounded to bf16, as for bf16 math) and its
-    quantized LM head (5 tensors and 6 ints per segment, as `DecodeLayerWeights.segments_of` gives them for
-    one linear, and its output width), for the run of layers that ends the model."""
-
-    norm: torch.Tensor
-    eps: float
-    bf16: bool
-    tensors: list[torch.Tensor]
-    segments: list[int]
-    width: int
-
-
-@dataclass(frozen=True)
-class DecodeLayerWeights:
-    """A layer's weights as `decode_layers` takes them: the norms (input, post-attention, then q and k with
-    `qk_norm`, then pre- and post-feed-forward with `sandwich`); 5 tensors and 6 ints (linear, first row,
-    rows, bits, sub, zero) per quantized segment of qkv, o, gate_up and down, and their output widths; `f32`:
-    a float32 layer's steps (float32 results), else bf16 math's."""
-
-    norms: list[torch.Tensor]
-    tensors: list[torch.Tensor]
-    segments: list[int]
-    widths: list[int]
-    heads: int
-    head_dim: int
-    eps: float
-    gelu: bool
-    qk_norm: bool
-    sandwich: bool
-    f32: bool = False
-
-    @staticmethod
-    def segments_of(linears: list[list[tuple[int, PackedQuant]]]) -> tuple[list[torch.Tensor], list[int]]:
-        """The tensors and ints of each linear's (first row, weight) segments, in the order qkv, o, gate_up,
-        down."""
-        tensors: list[torch.Tensor] = []
-        segments: list[int] = []
-        for which, parts in enumerate(linears):
-            for row, w in parts:
-                tensors += [w.codes, w.d, w.sc, w.dm, w.mc]
-                segments += [which, row, w.rows, w.bits, w.sub, w.zero]
-        return tensors, segments
-
-
-@dataclass(frozen=True)
-class DecodeRun:
-    """Consecutive layers' weights as one `decode_layers` call takes them: every layer's norms, tensors and
-    segment ints in order, 5 layout ints per layer (its number of segments, then its 4 output widths); what
-    the layers share (`shared`) as the first layer has it, and their attention scale."""
-
-    norms: list[torch.Tensor]
-    tensors: list[torch.Tensor]
-    segments: list[int]
-    layout: list[int]
-    first: DecodeLayerWeights
-    scale: float
-    head: DecodeHead | None = None
-    # the number a build's decode_layers knows this run by, per operator namespace (A/B builds have their own)
-    _made: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
-
-    def number(self, ops) -> int:
-        """This run registered with `ops` (an operator namespace), once; released with this object. One int a
-        call then, rather than ~20 weight tensors a layer converted on every call (~170 us a cold step)."""
-        if ops.name not in self._made:
-            f = self.first
-            made = ops.decode_run_make(
-                self.norms,
-                self.tensors,
-                self.segments,
-                self.layout,
-                f.heads,
-                f.head_dim,
-                self.scale,
-                f.eps,
-                f.gelu,
-                f.qk_norm,
-                f.sandwich,
-                f.f32,
-            )
-            weakref.finalize(self, ops.decode_run_free, made).atexit = False
-            if self.head is not None:
-                head = self.head
-                ops.decode_run_head(
-                    made, head.norm, head.eps, head.bf16, head.tensors, head.segments, head.width
-                )
-            self._made[ops.name] = made
-        return self._made[ops.name]
-
-    @staticmethod
-    def shared(layer: DecodeLayerWeights, scale: float) -> tuple:
-        """What layers must have in common to run in one call."""
-        return (
-            layer.heads,
-            layer.head_dim,
-            scale,
-            layer.eps,
-            layer.gelu,
-            layer.qk_norm,
-            layer.sandwich,
-            layer.f32,
-        )
-
-    @classmethod
-    def of(cls, layers: list[DecodeLayerWeights], scale: float) -> DecodeRun:
-        """One run of `layers` (sharing `shared`), with the attention `scale` they all use."""
-        keys = {cls.shared(layer, scale) for layer in layers}
-        if len(keys) != 1:
-            raise ValueError(f"decode_layers: a run's layers differ in {sorted(map(str, keys))}")
-        layout: list[int] = []
-        for layer in layers:
-            layout += [len(layer.tensors) // 5, *layer.widths]
-        return cls(
-            [t for layer in layers for t in layer.norms],
-            [t for layer in layers for t in layer.tensors],
-            [i for layer in layers for i in layer.segments],
-            layout,
-            layers[0],
-            scale,
-        )
 
 
 def rms_norm_f32(

@@ -15,7 +15,6 @@ qkv and gate/up, row-parallel o and down followed by a float32 all-reduce).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sarathi.core.kv_groups import layer_slots
-from sarathi.model import kernels, llama_weights
+from sarathi.model import decode_run, kernels, llama_weights
 from sarathi.model.attention import AttentionMetadata
 from sarathi.model.config import ModelArchConfig
 from sarathi.model.embedding import TokenEmbedding
@@ -230,14 +229,14 @@ class DecoderLayer(nn.Module):
                 arch.hidden_size, arch.rms_norm_eps, torch.float32, device
             )
         self.fused, self.eps, self.act_dtype = dtypes.fused(device), arch.rms_norm_eps, dtypes.compute
-        # (cache dtype, the weights `kernels.decode_layers` runs this layer with, or None), set on first use
-        self._decode_kernel: tuple[torch.dtype, kernels.DecodeLayerWeights | None] | None = None
+        # (cache dtype, the weights `decode_layers` runs this layer with, or None), set on first use
+        self._decode_kernel: tuple[torch.dtype, decode_run.DecodeLayerWeights | None] | None = None
 
     def forward(
         self, h: torch.Tensor, inputs: LayerInputs, kv: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
         """h [T, hidden] float32 -> [T, hidden] float32 (fused: updated in place and returned). A batch of
-        decodes only is run by `LlamaForCausalLM` through `kernels.decode_layers` where this layer composes
+        decodes only is run by `LlamaForCausalLM` through `decode_run.decode_layers` where this layer composes
         (`decode_layer_weights`): the same kernels in one call."""
         if self.fused and self.sandwich:  # each output normalized, added and the sum normalized: one pass
             act = self.act_dtype
@@ -259,8 +258,8 @@ class DecoderLayer(nn.Module):
         h = h + self.self_attn(self.input_layernorm(h), inputs, kv)
         return h + self.mlp(self.post_attention_layernorm(h))
 
-    def decode_layer_weights(self, k_cache: torch.Tensor) -> kernels.DecodeLayerWeights | None:
-        """What `kernels.decode_layers` runs this layer with, or None where it does not compose this layer:
+    def decode_layer_weights(self, k_cache: torch.Tensor) -> decode_run.DecodeLayerWeights | None:
+        """What `decode_run.decode_layers` runs this layer with, or None where it does not compose this layer:
         a linear not quantized or with a bias, more than one TP rank, or the RoPE kernel not serving this
         cache. Decided once per cache dtype."""
         if self._decode_kernel is None or self._decode_kernel[0] != k_cache.dtype:
@@ -278,10 +277,10 @@ class DecoderLayer(nn.Module):
                     norms += [attn.q_norm.weight, attn.k_norm.weight]
                 if self.sandwich:
                     norms += [self.pre_feedforward_layernorm.weight, self.post_feedforward_layernorm.weight]
-                tensors, segments = kernels.DecodeLayerWeights.segments_of(
+                tensors, segments = decode_run.DecodeLayerWeights.segments_of(
                     [lin.quantized_segments for lin in linears]
                 )
-                weights = kernels.DecodeLayerWeights(
+                weights = decode_run.DecodeLayerWeights(
                     norms,
                     tensors,
                     segments,
@@ -351,7 +350,7 @@ class LlamaForCausalLM(nn.Module):
         )
         self.register_buffer("local_inv_freq", local_inv_freq.to(device), persistent=False)
         self._workspace = GatherWorkspace()
-        self._decode_runs: dict[torch.dtype, list[tuple[int, int, kernels.DecodeRun | None]]] = {}
+        self._decode_runs: dict[torch.dtype, list[tuple[int, int, decode_run.DecodeRun | None]]] = {}
 
     @torch.inference_mode()
     def forward(
@@ -402,7 +401,7 @@ class LlamaForCausalLM(nn.Module):
             layer_inputs = inputs[self.layer_group[start]]
             plan = layer_inputs.plan
             if run is not None and not layer_inputs.meta.prefills and plan.decode_in_place:
-                logits = kernels.decode_layers(
+                logits = decode_run.decode_layers(
                     h,
                     run,
                     layer_inputs.cos,
@@ -426,46 +425,15 @@ class LlamaForCausalLM(nn.Module):
         cap = self.arch.final_logit_softcapping
         return logits if not cap else torch.tanh(logits / cap) * cap
 
-    def _layer_runs(self, k_cache: torch.Tensor) -> list[tuple[int, int, kernels.DecodeRun | None]]:
-        """The layers as runs [start, end) of one KV-cache group: a run `kernels.decode_layers` takes in one
-        call for a batch of decodes only (layers that compose there and share what `DecodeRun.shared` names),
-        or a single layer (run None) that goes through its module. Decided once per cache dtype."""
+    def _layer_runs(self, k_cache: torch.Tensor) -> list[tuple[int, int, decode_run.DecodeRun | None]]:
+        """The layers as `decode_run.layer_runs` groups them (the last run with the model's head where the
+        kernels compute it), decided once per cache dtype."""
         if k_cache.dtype not in self._decode_runs:
-            runs: list[tuple[int, int, kernels.DecodeRun | None]] = []
-            start, key, scale, members = 0, None, 1.0, []
-            for i, layer in enumerate([*self.layers, None]):
-                weights = None if layer is None else layer.decode_layer_weights(k_cache)
-                this = None
-                if weights is not None and layer.fused:
-                    this = (self.layer_group[i], kernels.DecodeRun.shared(weights, layer.self_attn.scale))
-                if members and (this is None or this != key):  # the run so far ends here
-                    runs.append((start, i, kernels.DecodeRun.of(members, scale)))
-                    members = []
-                if layer is not None and this is None:
-                    runs.append((i, i + 1, None))
-                elif layer is not None:
-                    if not members:
-                        start, key, scale = i, this, layer.self_attn.scale
-                    members.append(weights)
-            head = self._decode_head()
-            if runs and runs[-1][2] is not None and head is not None:  # the last run ends the model
-                start, end, run = runs[-1]
-                runs[-1] = (start, end, dataclasses.replace(run, head=head))
-            self._decode_runs[k_cache.dtype] = runs
+            head = decode_run.DecodeHead.of(self.norm, self.lm_head)
+            self._decode_runs[k_cache.dtype] = decode_run.layer_runs(
+                self.layers, self.layer_group, k_cache, head
+            )
         return self._decode_runs[k_cache.dtype]
-
-    def _decode_head(self) -> kernels.DecodeHead | None:
-        """The final norm and LM head as the last run's `decode_layers` call takes them, or None where the
-        kernels do not compute them as `RMSNorm.rows` and `Linear` would: the last pipeline stage only, a
-        quantized head without bias, the norm's kernel (float32 or bf16 rows)."""
-        head, norm = self.lm_head, self.norm
-        if head is None or norm is None or not head.quantized_segments or head.bias is not None:
-            return None
-        if norm.out_dtype not in (torch.float32, torch.bfloat16) or not kernels.portable_available():
-            return None
-        tensors, segments = kernels.DecodeLayerWeights.segments_of([head.quantized_segments])
-        bf16 = norm.out_dtype == torch.bfloat16
-        return kernels.DecodeHead(norm.weight, norm.eps, bf16, tensors, segments, head.out_features)
 
     def _layer_inputs(
         self, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata, kv_caches: KVCache

@@ -113,11 +113,11 @@ def test_load_time_quantization_of_a_safetensors_checkpoint(quantization, prompt
 
 @pytest.mark.parametrize("family", ["smollm2", "gemma3", "qwen3"])
 def test_decode_layer_kernel_is_the_layer_by_layer_path_bit_for_bit(family, tmp_path, monkeypatch) -> None:
-    """Decodes only: `kernels.decode_layers` runs the layers' kernels (and the final norm and LM head) in one
-    call. Same logits and same K/V writes as the Python layer, bit for bit: SmolLM2's file with one layer's
-    qkv made of two formats (two kernel calls), and random Gemma 3 (sandwich norms, QK-norm, GELU, sliding
-    window 16) and Qwen3 (QK-norm) quantized at load. In the compute dtype `auto` serves: bf16 math (AVX-512),
-    or float32 layers (AVX2)."""
+    """Decodes only: `decode_run.decode_layers` runs the layers' kernels (and the final norm and LM head) in
+    one call. Same logits and same K/V writes as the Python layer, bit for bit: SmolLM2's file with one
+    layer's qkv made of two formats (two kernel calls), and random Gemma 3 (sandwich norms, QK-norm, GELU,
+    sliding window 16) and Qwen3 (QK-norm) quantized at load. In the compute dtype `auto` serves: bf16 math
+    (AVX-512), or float32 layers (AVX2)."""
     from model_harness import SMALL_GEMMA3, SMALL_QWEN3, make_random_hf_model
 
     from sarathi.model import SeqSlice, allocate_kv_cache, build_attention_metadata
