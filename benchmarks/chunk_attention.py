@@ -17,7 +17,7 @@ from unittest import mock
 
 import torch
 
-from benchmarks.model_forward import timed
+from benchmarks.forward_timing import timed
 from benchmarks.record import save_result
 from sarathi.model import SeqSlice, allocate_kv_cache, build_attention_metadata, kernels, load_model
 from sarathi.model import llama as llama_module

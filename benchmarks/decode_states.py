@@ -2,7 +2,7 @@
 
 Some machines' memory rate switches between states within seconds or minutes (docs/results.md: a Zen5 read
 at 44-53 GB/s in one and 71-79 in the other). A benchmark that times a case a few times lands in one state, or
-straddles both. This one samples for a while: the read probe (`model_forward.read_rate`), then five decode
+straddles both. This one samples for a while: the read probe (`forward_timing.read_rate`), then five decode
 steps of one sequence at 512 cached tokens, over and over; each sample's ratio is its median step over the
 floor at that probe (model_forward's floor: the linear layers' bytes and the K/V read, at the probed rate).
 It prints the median ratio and step of the samples in each state (split at `--split` GB/s).
@@ -18,7 +18,8 @@ import time
 
 import torch
 
-from benchmarks.model_forward import QUANTIZED, case_floor, ours_decode, quantized_file, read_rate
+from benchmarks.forward_cases import QUANTIZED, ours_decode, quantized_file
+from benchmarks.forward_timing import case_floor, read_rate
 from benchmarks.record import save_result
 from sarathi.model.linear import Linear
 from sarathi.model.loader import load_model

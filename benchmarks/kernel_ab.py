@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.cpu_load import busy_seconds, foreign_load, own_seconds
-from benchmarks.model_forward import PRECISIONS, gguf_file, ours_decode, ours_mixed, ours_prefill
+from benchmarks.forward_cases import PRECISIONS, gguf_file, ours_decode, ours_mixed, ours_prefill
 from benchmarks.record import save_result
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,7 +152,7 @@ def case_fn(case: str, model, arch, dtype) -> Callable[[], object]:
 
 def one_rep(fn: Callable[[], object], calls: int) -> float:
     """Median seconds per call over `calls` calls; retried (up to 5 times) while other processes used more
-    than 8% of the machine. The median rather than model_forward.timed_reps' mean: an A/A run with the mean
+    than 8% of the machine. The median rather than forward_timing.timed_reps' mean: an A/A run with the mean
     had a repetition at 0.77x (prefill 16), the median 0.98-1.07x."""
     ncpu = os.cpu_count() or 1
     for _attempt in range(5):

@@ -34,270 +34,35 @@ Run: .venv/bin/python -m benchmarks.model_forward [--quick] [--no-hf] [--llama-c
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import os
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
-from benchmarks.cpu_load import busy_seconds, foreign_load, own_seconds
-from benchmarks.record import save_result
-from sarathi.model import (
-    SeqSlice,
-    allocate_kv_cache,
-    build_attention_metadata,
-    embedded_model_path,
-    huge_pages,
-    load_model,
+from benchmarks.forward_cases import (
+    BLOCK_SIZE,
+    CONTEXT,
+    DECODE_BATCHES,
+    DEFAULT_PRECISIONS,
+    GEMMA,
+    MIXED_CHUNK,
+    MIXED_DECODES,
+    PRECISIONS,
+    PREFILL_TOKENS,
+    QUANTIZED,
+    gguf_file,
+    hf_decode,
+    hf_prefill,
+    ours_decode,
+    ours_mixed,
+    ours_prefill,
+    quantized_file,
 )
+from benchmarks.forward_timing import MAX_FOREIGN_LOAD, Floor, case_floor, machine_rates, timed
+from benchmarks.record import save_result
+from sarathi.model import embedded_model_path, load_model
 from sarathi.model.linear import Linear
 from sarathi.model.loader import resolve_compute_dtype
-
-BLOCK_SIZE = 16
-CONTEXT = 512
-PREFILL_TOKENS = (16, 64, 256)
-DECODE_BATCHES = (1, 8, 32)
-MIXED_CHUNK, MIXED_CHUNK_START, MIXED_DECODES = 64, 256, 16
-MAX_FOREIGN_LOAD = 0.08
-MIN_REP_SECONDS = 0.2
-# name -> (weights and KV cache, matmul arithmetic)
-PRECISIONS = {
-    "float32": (torch.float32, torch.float32),
-    "bfloat16": (torch.bfloat16, torch.float32),
-    "bf16-math": (torch.bfloat16, torch.bfloat16),
-}
-QUANTIZED = ("Q4_1", "Q8_0", "Q4_K_M")  # GGUF files of the embedded weights; Q4_1 is the one shipped
-DEFAULT_PRECISIONS = "float32,bfloat16,bf16-math,Q4_1"
-GEMMA = "gemma3-270m"
-
-
-def timed(fn: Callable[[], object], reps: int) -> tuple[float, float]:
-    """(median seconds per call, worst foreign load of the accepted repetitions) over `reps` guarded reps."""
-    per_call, worst = timed_reps(fn, reps)
-    return statistics.median(per_call), worst
-
-
-def timed_reps(
-    fn: Callable[[], object], reps: int, before_each: Callable[[], object] | None = None
-) -> tuple[list[float], float]:
-    """(seconds per call of each of `reps` guarded reps, worst foreign load of the accepted ones);
-    `before_each` runs before each rep, untimed."""
-    fn()  # warm-up: oneDNN builds its kernels for a new shape on first use
-    calls = max(1, int(MIN_REP_SECONDS / max(_once(fn), 1e-4)))
-    per_call, worst = [], 0.0
-    ncpu = os.cpu_count() or 1
-    for _ in range(reps):
-        if before_each is not None:
-            before_each()
-        for _attempt in range(5):
-            busy0, own0, t0 = busy_seconds(), own_seconds(), time.perf_counter()
-            for _ in range(calls):
-                fn()
-            wall = time.perf_counter() - t0
-            foreign = foreign_load(busy_seconds() - busy0, own_seconds() - own0, 0.0, wall, ncpu)
-            if foreign <= MAX_FOREIGN_LOAD:
-                break
-        per_call.append(wall / calls)
-        worst = max(worst, foreign)
-    return per_call, worst
-
-
-def _once(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def read_rate() -> float:
-    """Read bandwidth now (bytes/s): the faster of summing a 512 MiB fp32 or bf16 tensor on huge pages."""
-    best = 0.0
-    for dtype in (torch.float32, torch.bfloat16):
-        x = huge_pages.empty((512 * 2**20 // torch.empty((), dtype=dtype).element_size(),), dtype).fill_(1)
-        seconds, _ = timed(lambda x=x: x.sum(), 3)
-        best = max(best, x.numel() * x.element_size() / seconds)
-        del x
-    return best
-
-
-def machine_rates() -> dict[str, float]:
-    """Read bandwidth (bytes/s) and matmul rates (FLOP/s) in fp32 and bf16, measured now."""
-    from sarathi.model import kernels
-
-    rates = {"read_bytes_per_s": read_rate()}
-    n = 2048
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    fp32 = 2 * n**3 / timed(lambda: a @ b, 3)[0]
-    if torch.backends.mkldnn.is_available():  # the pre-packed oneDNN GEMM our fp32 layers use
-        packed32 = torch.ops.mkldnn._reorder_linear_weight(b)
-        linear = torch.ops.mkldnn._linear_pointwise
-        fp32 = max(fp32, 2 * n**3 / timed(lambda: linear(a, packed32, None, "none", [], ""), 3)[0])
-    rates["float32_flops"] = fp32
-    if kernels.available():
-        a16, b16 = a.bfloat16(), b.bfloat16()
-        bf16 = 2 * n**3 / timed(lambda: a16 @ b16, 3)[0]
-        packed = kernels.pack(b16)
-        bf16 = max(bf16, 2 * n**3 / timed(lambda: kernels.gemm(a16, packed, n, None), 3)[0])
-    else:  # without AVX512-BF16, PyTorch emulates bf16 matmuls (minutes at n = 2048): measure a smaller one
-        a16, b16 = a[:256, :256].bfloat16(), b[:256, :256].bfloat16()
-        bf16 = 2 * 256**3 / timed(lambda: a16 @ b16, 3)[0]
-    rates["bfloat16_flops"] = bf16
-    return rates
-
-
-@dataclasses.dataclass
-class Floor:
-    """What bounds one case from below: the bytes it reads and the seconds its FLOPs take at the measured
-    matmul rate; `reads` are the read bandwidths (bytes/s) measured right before each repetition."""
-
-    bytes: int
-    compute_seconds: float
-    reads: list[float] = dataclasses.field(default_factory=list)
-
-    def seconds_at(self, read_bytes_per_s: float) -> float:
-        return max(self.bytes / read_bytes_per_s, self.compute_seconds)
-
-    def read_rate(self) -> float:
-        return statistics.median(self.reads)
-
-    def seconds(self) -> float:
-        """The floor at the median read bandwidth measured beside the case."""
-        return self.seconds_at(self.read_rate())
-
-    def ratio(self, rep_seconds: list[float]) -> float:
-        """Median over repetitions of (its time / the floor at the bandwidth measured just before it)."""
-        return statistics.median(t / self.seconds_at(r) for t, r in zip(rep_seconds, self.reads, strict=True))
-
-    def timed(self, fn: Callable[[], object], reps: int) -> tuple[list[float], float]:
-        """timed_reps(fn, reps), measuring the read bandwidth before each repetition."""
-        return timed_reps(fn, reps, before_each=lambda: self.reads.append(read_rate()))
-
-
-def case_floor(
-    arch, dtype, compute, case: str, tokens: int, rates: dict[str, float], linear_bytes: int | None = None
-) -> Floor:
-    """The bytes floor and the compute floor of one case (see the module docstring), the read bandwidths
-    still to be measured; `linear_bytes` replaces the linear layers' weight bytes (a quantized model's)."""
-    h, hd, layers = arch.hidden_size, arch.head_dim, arch.num_hidden_layers
-    heads, kv_heads = arch.num_attention_heads, arch.num_key_value_heads
-    per_layer = h * (heads + 2 * kv_heads) * hd + heads * hd * h + 3 * h * arch.intermediate_size
-    elsize = torch.empty((), dtype=dtype).element_size()
-    decodes, chunk, chunk_start = tokens, 0, 0  # decode case
-    if case.startswith("prefill"):
-        decodes, chunk = 0, tokens
-    elif case.startswith("mixed"):
-        decodes, chunk, chunk_start = MIXED_DECODES, MIXED_CHUNK, MIXED_CHUNK_START
-    logit_rows = decodes + (1 if chunk else 0)
-    weight_bytes = (layers * per_layer + h * arch.vocab_size) * elsize
-    if linear_bytes is not None:
-        weight_bytes = linear_bytes
-    kv_bytes = (decodes * CONTEXT + (chunk_start if chunk else 0)) * layers * kv_heads * hd * 2 * elsize
-    flops = 2 * layers * per_layer * tokens + 2 * h * arch.vocab_size * logit_rows
-    # q.k and p.v: 4 FLOPs per (query, key, head dim); a chunk's queries see the cached keys and half its own
-    keys_seen = decodes * CONTEXT + chunk * (chunk_start + chunk / 2)
-    flops += 4 * keys_seen * heads * hd * layers
-    rate = rates["bfloat16_flops" if compute == torch.bfloat16 else "float32_flops"]
-    return Floor(weight_bytes + kv_bytes, flops / rate)
-
-
-def ours_prefill(model, arch, dtype, tokens: int) -> Callable[[], object]:
-    """One prefill chunk of `tokens` tokens from position 0."""
-    blocks = -(-tokens // BLOCK_SIZE)
-    kv = allocate_kv_cache(arch, blocks, BLOCK_SIZE, dtype)
-    meta = build_attention_metadata([SeqSlice(list(range(blocks)), 0, tokens)], BLOCK_SIZE)
-    ids = torch.randint(0, arch.vocab_size, (tokens,), generator=torch.Generator().manual_seed(0))
-    last = torch.tensor([tokens - 1])
-    return lambda: model(ids, meta.positions, meta, kv, last)
-
-
-def ours_decode(model, arch, dtype, batch: int) -> Callable[[], object]:
-    """One decode step for `batch` sequences of CONTEXT cached tokens (blocks shuffled across sequences)."""
-    per_seq = -(-(CONTEXT + 1) // BLOCK_SIZE)
-    kv = allocate_kv_cache(arch, batch * per_seq, BLOCK_SIZE, dtype)
-    pool = torch.randperm(batch * per_seq, generator=torch.Generator().manual_seed(0)).tolist()
-    slices = [SeqSlice(pool[i * per_seq : (i + 1) * per_seq], CONTEXT, 1) for i in range(batch)]
-    meta = build_attention_metadata(slices, BLOCK_SIZE)
-    ids = torch.randint(0, arch.vocab_size, (batch,), generator=torch.Generator().manual_seed(0))
-    rows = torch.arange(batch)
-    return lambda: model(ids, meta.positions, meta, kv, rows)
-
-
-def ours_mixed(model, arch, dtype) -> Callable[[], object]:
-    """One stall-free iteration: a MIXED_CHUNK-token prefill chunk (MIXED_CHUNK_START tokens of its prompt
-    already cached) with MIXED_DECODES decodes of CONTEXT cached tokens."""
-    per_seq = -(-(CONTEXT + 1) // BLOCK_SIZE)
-    chunk_blocks = -(-(MIXED_CHUNK_START + MIXED_CHUNK) // BLOCK_SIZE)
-    total = MIXED_DECODES * per_seq + chunk_blocks
-    kv = allocate_kv_cache(arch, total, BLOCK_SIZE, dtype)
-    pool = torch.randperm(total, generator=torch.Generator().manual_seed(0)).tolist()
-    slices = [SeqSlice(pool[:chunk_blocks], MIXED_CHUNK_START, MIXED_CHUNK)]
-    rest = pool[chunk_blocks:]
-    slices += [SeqSlice(rest[i * per_seq : (i + 1) * per_seq], CONTEXT, 1) for i in range(MIXED_DECODES)]
-    meta = build_attention_metadata(slices, BLOCK_SIZE)
-    tokens = MIXED_CHUNK + MIXED_DECODES
-    ids = torch.randint(0, arch.vocab_size, (tokens,), generator=torch.Generator().manual_seed(0))
-    rows = torch.tensor([MIXED_CHUNK - 1, *range(MIXED_CHUNK, tokens)])
-    return lambda: model(ids, meta.positions, meta, kv, rows)
-
-
-def hf_prefill(hf, arch, tokens: int) -> Callable[[], object]:
-    """HF forward of `tokens` tokens without a cache, logits of the last token only."""
-    ids = torch.randint(0, arch.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
-
-    def run():
-        with torch.no_grad():
-            return hf(ids, use_cache=False, logits_to_keep=1).logits
-
-    return run
-
-
-def hf_decode(hf, arch, dtype, batch: int) -> Callable[[], object]:
-    """HF decode step for `batch` sequences over a DynamicCache of CONTEXT random tokens."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=hf.config)
-    gen = torch.Generator().manual_seed(0)
-    shape = (batch, arch.num_key_value_heads, CONTEXT, arch.head_dim)
-    for layer in range(arch.num_hidden_layers):
-        keys, values = (torch.randn(shape, generator=gen).to(dtype) for _ in range(2))
-        cache.update(keys, values, layer)
-    ids = torch.randint(0, arch.vocab_size, (batch, 1), generator=gen)
-    positions = torch.full((batch, 1), CONTEXT)
-
-    def run():
-        with torch.no_grad():
-            out = hf(ids, past_key_values=cache, position_ids=positions, logits_to_keep=1).logits
-        cache.crop(-1)  # drop the token just appended
-        return out
-
-    return run
-
-
-def source_gguf(model: str):
-    """The GGUF the files of a --model are made from: the embedded Q4_1 file, Gemma 3's Q4_K_M file, or
-    the random F16 one."""
-    from benchmarks.random_gguf import ensure_random_gguf
-    from sarathi.model.embedded import PACKAGED_MODELS, embedded_gguf_path
-
-    if model == GEMMA:
-        return PACKAGED_MODELS[GEMMA].gguf_path()
-    return embedded_gguf_path() if model == "smollm2" else ensure_random_gguf(model)
-
-
-def gguf_file(name: str, model: str = "smollm2"):
-    """The GGUF file a precision runs on with llama.cpp: BF16 for bf16-math, else the named quantization
-    (the source file itself where it is that quantization)."""
-    from benchmarks.llama_cpp_build import ensure_gguf
-
-    if (model, name) == (GEMMA, "Q4_K_M"):
-        return source_gguf(model)
-    return ensure_gguf("BF16" if name == "bf16-math" else name, src=source_gguf(model))
-
-
-def quantized_file(name: str, model: str) -> str | None:
-    """The file a quantized precision is served from: None (the embedded model) for SmolLM2's shipped Q4_1."""
-    return None if (name, model) == ("Q4_1", "smollm2") else str(gguf_file(name, model))
 
 
 def compare_llama_cpp(
