@@ -36,8 +36,9 @@ AVX512-BF16 (AMD Zen 2/3, older Intel Xeons) the kernels with an AVX2 build stil
 kernels (`csrc/quant_gemm_avx2.cpp`), `rms_norm_f32`, the float32 fused steps, `decode_attention`,
 `rope_write_kv` and `decode_layers`: `portable_available()`. Where AVX-512 VNNI runs without AVX512-BF16
 (Intel Cascade Lake, Ice Lake: `level()` "vnni") `quant_gemm` multiplies on AVX-512 VNNI, at any row count,
-and the rest is the AVX2 builds. `SARATHI_KERNELS=avx2` (or `vnni`) runs an AVX-512 CPU as such a CPU would
-run: to test and time those paths there.
+and the rest is the AVX2 builds; on AVX-512 without VNNI (Intel Skylake-SP: "avx512bw") the same with
+VPMADDWD in VPDPBUSD's place. `SARATHI_KERNELS=avx2` (or `vnni`, `avx512bw`) runs an AVX-512 CPU as such a
+CPU would run: to test and time those paths there.
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ logger = logging.getLogger(__name__)
 _SOURCES = sorted((Path(__file__).parent / "csrc").glob("*.cpp"))
 _HEADERS = sorted((Path(__file__).parent / "csrc").glob("*.h"))
 _FLAGS = ["-O3", "-fopenmp"]
+# The levels of a CPU without AVX512-BF16 (what SARATHI_KERNELS may force on one with it): the AVX2 builds,
+# with quant_gemm's int8 path on AVX-512 VNNI ("vnni"), on AVX-512 BW alone ("avx512bw") or on AVX2 ("avx2").
+_INT8_ON = {"vnni": " (their int8 products on AVX-512 VNNI)", "avx512bw": " (their int8 products on AVX-512)"}
+_WITHOUT_BF16 = ("avx2", "avx512bw", "vnni")
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ok": bool, "why": str once decided
 _decided: str | None = None  # _state["level"] once decided
@@ -103,8 +108,8 @@ def _load() -> tuple[str, str]:
         return "full", ""
     if torch.ops.sarathi_kernels.cpu_portable_supported():
         choice = os.environ.get("SARATHI_KERNELS")
-        why = f"SARATHI_KERNELS={choice}" if choice in ("avx2", "vnni") else "this CPU lacks AVX512-BF16"
-        return "vnni" if torch.ops.sarathi_kernels.cpu_vnni_only() else "avx2", why
+        why = f"SARATHI_KERNELS={choice}" if choice in _WITHOUT_BF16 else "this CPU lacks AVX512-BF16"
+        return str(torch.ops.sarathi_kernels.cpu_int8_isa()), why
     return "none", "this CPU lacks AVX512-BF16 and AVX2"
 
 
@@ -118,12 +123,12 @@ def _level() -> str:
         if "level" not in _state:
             level, why = _load()
             _state["level"], _state["why"] = level, why
-            if level in ("avx2", "vnni"):
+            if level in _WITHOUT_BF16:
                 logger.warning(
                     "sarathi's AVX-512 kernels unavailable (%s): PyTorch's kernels, with our AVX2 kernels "
                     "for quantized weights%s, decode attention, RoPE and RMSNorm",
                     why,
-                    " (their int8 products on AVX-512 VNNI)" if level == "vnni" else "",
+                    _INT8_ON.get(level, ""),
                 )
             elif level == "none":
                 logger.warning("sarathi's CPU kernels unavailable (%s): using PyTorch's kernels", why)
@@ -133,7 +138,8 @@ def _level() -> str:
 
 def level() -> str:
     """Which kernels run here: "full" (AVX-512 with BF16), "vnni" (the AVX2 builds, quantized products on
-    AVX-512 VNNI), "avx2" (the AVX2 builds) or "none"; builds the extension on the first call."""
+    AVX-512 VNNI), "avx512bw" (the same on AVX-512 without VNNI), "avx2" (the AVX2 builds) or "none"; builds
+    the extension on the first call."""
     return _level()
 
 
@@ -156,7 +162,7 @@ def portable_available() -> bool:
     """Whether the kernels with an AVX2 build run here (`quant_gemm`, `quant_linear`, `quant_rows`,
     `rms_norm_f32` and the float32 fused steps, `decode_attention`, `rope_write_kv`, `decode_layers` over
     float32 layers): every AVX-512 BF16 CPU, and any with AVX2, FMA and F16C."""
-    return _level() in ("full", "vnni", "avx2")
+    return _level() in ("full", *_WITHOUT_BF16)
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -189,8 +195,9 @@ def quant_gemm(x: torch.Tensor, w: PackedQuant, out: torch.Tensor, int8_rows: in
 
 def quant_int8_rows(bits: int) -> int:
     """Rows of x up to which `quant_gemm` multiplies x in two int8 terms in this process, for `bits`-bit codes
-    (more rows: x rounded to bf16, or float32 on the AVX2 path; at the "vnni" level every row count:
-    2**63 - 1): the machine's measured threshold once a quantized model is loaded, else the kernel's own."""
+    (more rows: x rounded to bf16, or float32 on the AVX2 path; at the "vnni" and "avx512bw" levels every row
+    count: 2**63 - 1): the machine's measured threshold once a quantized model is loaded, else the kernel's
+    own."""
     return torch.ops.sarathi_kernels.quant_int8_rows(bits)
 
 
@@ -358,6 +365,8 @@ def main() -> None:
     said = {
         "full": "ready",
         "vnni": "AVX2 kernels ready (quantized weights on AVX-512 VNNI, attention, RoPE, RMSNorm), PyTorch's "
+        "for the rest",
+        "avx512bw": "AVX2 kernels ready (quantized weights on AVX-512, attention, RoPE, RMSNorm), PyTorch's "
         "for the rest",
         "avx2": "AVX2 kernels ready (quantized weights, attention, RoPE, RMSNorm), PyTorch's for the rest",
         "none": "unavailable, using PyTorch kernels",

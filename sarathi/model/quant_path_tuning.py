@@ -19,9 +19,9 @@ this module times both paths on the machine at hand instead:
   process on the machine takes the same one; `apply()` (called by the loader for a quantized model) times it
   on first use, a few seconds once, and sets it in the kernel.
 
-`SARATHI_INT8_ROWS=builtin` keeps the kernel's table. At the "vnni" level the int8 path is the only AVX-512
-one and takes every row count: nothing to time. `python -m sarathi.model.quant_path_tuning [--again]` prints
-this machine's choice with the timings behind it (and times it again).
+`SARATHI_INT8_ROWS=builtin` keeps the kernel's table. At the "vnni" and "avx512bw" levels the int8 path is
+the only AVX-512 one and takes every row count: nothing to time. `python -m sarathi.model.quant_path_tuning
+[--again]` prints this machine's choice with the timings behind it (and times it again).
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ _applied: dict[str, dict[int, int] | None] = {}
 def apply() -> dict[int, int] | None:
     """Set this machine's measured thresholds in the kernel (timing them first where none are cached), once
     per process; the thresholds set, or None where the kernel's own stand (`SARATHI_INT8_ROWS=builtin`, the
-    "vnni" level, no quantized kernels)."""
+    "vnni" and "avx512bw" levels, no quantized kernels)."""
     with _lock:
         if "rows" in _applied:
             return _applied["rows"]

@@ -272,10 +272,11 @@ def test_without_kernels_pytorch_serves_and_auto_means_float32():
 
 
 @needs_avx512
-@pytest.mark.parametrize("setting", ["avx2", "vnni"])
+@pytest.mark.parametrize("setting", ["avx2", "vnni", "avx512bw"])
 def test_forced_avx2_builds_serve_the_quantized_model(setting):
-    """SARATHI_KERNELS=avx2 (or vnni) on an AVX-512 CPU: the AVX2 builds run, as on a CPU without
-    AVX512-BF16 (with vnni: the quantized products on AVX-512 VNNI, as on an Intel Cascade Lake or Ice Lake),
+    """SARATHI_KERNELS=avx2 (or vnni, avx512bw) on an AVX-512 CPU: the AVX2 builds run, as on a CPU without
+    AVX512-BF16 (with vnni: the quantized products on AVX-512 VNNI, as on an Intel Cascade Lake or Ice Lake;
+    with avx512bw on AVX-512 without VNNI, as on a Skylake-SP),
     so those paths are exercised here too: a notice, `auto` compute resolving to float32, the embedded model
     served from its Q4_1 blocks through the quantized kernel."""
     code = (

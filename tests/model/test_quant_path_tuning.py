@@ -105,7 +105,7 @@ def test_a_set_threshold_routes_quant_gemm_and_minus_one_restores_the_table(rest
         kernels.set_quant_int8_rows(7, 8)
 
 
-@pytest.mark.skipif(kernels.level() == "vnni", reason="the vnni level times nothing")
+@pytest.mark.skipif(kernels.level() in ("vnni", "avx512bw"), reason="the AVX-512 int8 levels time nothing")
 def test_apply_sets_the_kept_choice_once_per_process(tmp_path, monkeypatch, restores_thresholds) -> None:
     monkeypatch.setenv("SARATHI_CACHE_DIR", str(tmp_path))
     kept = Int8Rows({4: 16, 5: 8, 6: 4, 8: 64}, [], 1.0, quant_path_tuning.tuning_key())
@@ -134,7 +134,7 @@ def test_builtin_keeps_the_kernels_table_and_other_values_are_refused(monkeypatc
         quant_path_tuning.apply()
 
 
-@pytest.mark.skipif(kernels.level() == "vnni", reason="the vnni level times nothing")
+@pytest.mark.skipif(kernels.level() in ("vnni", "avx512bw"), reason="the AVX-512 int8 levels time nothing")
 def test_a_cache_folder_it_cannot_write_still_gets_this_processs_timing(
     tmp_path, monkeypatch, restores_thresholds
 ) -> None:
@@ -147,7 +147,7 @@ def test_a_cache_folder_it_cannot_write_still_gets_this_processs_timing(
     assert {b: kernels.quant_int8_rows(b) for b in WIDTHS} == timed.rows
 
 
-@pytest.mark.skipif(kernels.level() == "vnni", reason="the vnni level times nothing")
+@pytest.mark.skipif(kernels.level() in ("vnni", "avx512bw"), reason="the AVX-512 int8 levels time nothing")
 def test_a_failed_timing_leaves_the_kernels_table(tmp_path, monkeypatch, restores_thresholds, caplog) -> None:
     monkeypatch.setenv("SARATHI_CACHE_DIR", str(tmp_path))
 
@@ -170,7 +170,7 @@ def test_a_key_names_the_cpu_the_kernel_build_and_the_level() -> None:
     assert {"vendor", "family", "model", "flags"} <= set(key["cpu"])
 
 
-@pytest.mark.skipif(kernels.level() == "vnni", reason="the vnni level times nothing")
+@pytest.mark.skipif(kernels.level() in ("vnni", "avx512bw"), reason="the AVX-512 int8 levels time nothing")
 def test_a_loaded_quantized_model_runs_with_this_machines_measured_choice() -> None:
     """The embedded model, served in its own Q4_1 blocks, sets the thresholds this machine's timing chose
     (timed here if not yet kept: seconds); each is the rule's reading of the kept timings."""

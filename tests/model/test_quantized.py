@@ -70,9 +70,9 @@ def takes_dequantized_path(qtype: str, rows: int) -> bool:
 def test_int8_row_thresholds() -> None:
     """The kernel's own table: 8-bit codes take the int8 path up to at least 32 rows on every CPU kind; the
     other widths at least up to 4 rows (one-sequence decode) and at most 256; every row count where the int8
-    path is AVX-512 VNNI and the other the AVX2 build (the "vnni" level). The threshold in force is the
-    table's or the machine's measured one (tests/model/test_quant_path_tuning.py), at least 4 rows."""
-    if kernels.level() == "vnni":
+    path is AVX-512 and the other the AVX2 build (the "vnni" and "avx512bw" levels). The threshold in force is
+    the table's or the machine's measured one (tests/model/test_quant_path_tuning.py), at least 4 rows."""
+    if kernels.level() in ("vnni", "avx512bw"):
         assert all(kernels.quant_int8_rows_builtin(bits) == 2**63 - 1 for bits in (4, 5, 6, 8))
     else:
         assert kernels.quant_int8_rows_builtin(8) in (32, 128, 256)
@@ -185,15 +185,17 @@ def test_either_path_at_any_row_count(qtype: str, path: str, batch: int) -> None
 
 
 @pytest.mark.skipif(not kernels.available(), reason="needs AVX-512 with BF16 and VNNI")
-def test_a_cpu_with_vnni_but_no_bf16_runs_the_int8_path_at_every_row_count(tmp_path) -> None:
-    """SARATHI_KERNELS=vnni (as on an Intel Cascade Lake or Ice Lake): a fresh process runs the AVX2
-    builds but multiplies quantized weights on AVX-512 VNNI at any row count, bit for bit as this
-    process's int8 path."""
+@pytest.mark.parametrize("setting", ["vnni", "avx512bw"])
+def test_a_cpu_with_avx512_but_no_bf16_runs_the_int8_path_at_every_row_count(setting, tmp_path) -> None:
+    """SARATHI_KERNELS=vnni (as on an Intel Cascade Lake or Ice Lake) or avx512bw (as on a Skylake-SP, without
+    VNNI: VPMADDUBSW and VPMADDWD): a fresh process runs the AVX2 builds but multiplies quantized weights on
+    AVX-512 at any row count, bit for bit as this process's int8 path (1 row: one tile at a time; 9: two side
+    by side, 4-row register tiles and a 1-row one; 300: a second slab of x)."""
     cases = {}
     for i, qtype in enumerate(quantized.FORMATS):
         rows, cols = shape_for(qtype)
         w = quantized.pack(quantized.unpack(random_quantized(qtype, rows, cols, seed=i)))
-        for batch in (1, 9, 300):
+        for batch in (1, 2, 9, 300):
             x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(batch + i))
             want = torch.empty(batch, rows)
             kernels.quant_gemm(x, w, want, int8_rows=batch)
@@ -202,7 +204,8 @@ def test_a_cpu_with_vnni_but_no_bf16_runs_the_int8_path_at_every_row_count(tmp_p
     code = (
         "import torch\n"
         "from sarathi.model import kernels\n"
-        "assert kernels.level() == 'vnni' and kernels.status() == 'vnni (SARATHI_KERNELS=vnni)'\n"
+        f"assert kernels.level() == {setting!r}\n"
+        f"assert kernels.status() == '{setting} (SARATHI_KERNELS={setting})'\n"
         "assert kernels.quant_int8_rows(4) == kernels.quant_int8_rows(6) == 2**63 - 1\n"
         f"cases = torch.load({str(tmp_path / 'cases.pt')!r}, weights_only=False)\n"
         "for name, (x, w, want) in cases.items():\n"
@@ -211,10 +214,11 @@ def test_a_cpu_with_vnni_but_no_bf16_runs_the_int8_path_at_every_row_count(tmp_p
         "    assert torch.equal(out, want), name\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "SARATHI_KERNELS": "vnni"}
+    env = {**os.environ, "SARATHI_KERNELS": setting}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
-    assert "int8 products on AVX-512 VNNI" in done.stderr
+    isa = "AVX-512 VNNI" if setting == "vnni" else "AVX-512)"
+    assert f"int8 products on {isa}" in done.stderr
 
 
 def test_int8_rows_must_be_a_row_count_or_minus_one() -> None:

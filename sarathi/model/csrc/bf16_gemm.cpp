@@ -88,9 +88,11 @@ const TileTable& tiles() {
 
 // Whether this CPU executes AVX-512 with BF16 (every kernel of the extension).
 bool cpu_supported() {
-  // SARATHI_KERNELS=avx2 or vnni: run as a CPU without AVX512-BF16 would (to test and time those paths here).
+  // SARATHI_KERNELS=avx2, vnni or avx512bw: run as a CPU without AVX512-BF16 would (to test and time those paths here).
   const char* choice = std::getenv("SARATHI_KERNELS");
-  if (choice != nullptr && (std::strcmp(choice, "avx2") == 0 || std::strcmp(choice, "vnni") == 0)) return false;
+  if (choice != nullptr && (std::strcmp(choice, "avx2") == 0 || std::strcmp(choice, "vnni") == 0 ||
+                            std::strcmp(choice, "avx512bw") == 0))
+    return false;
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
          __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");

@@ -12,8 +12,8 @@
 //   place, quantized into a per-thread buffer), is split into two int8 terms per 32 positions (QuantizedRows: 16 bits of resolution, where one int8 term is too coarse for our contract),
 //   and VPDPBUSD sums 4 code x int8 products per lane in int32, twice; one conversion to float32 per
 //   sub-block. This reads the weight once at near the memory's speed (codes are never widened past bytes).
-//   On a CPU with AVX-512 VNNI but no AVX512-BF16 (cpu_vnni_only) this path takes every row count and the rest
-//   of quant_gemm is its AVX2 build (quant_gemm_avx2.cpp).
+//   On a CPU with AVX-512 BW but no AVX512-BF16 (cpu_int8_isa: with VNNI, or VPMADDUBSW and VPMADDWD in its place)
+//   this path takes every row count and the rest of quant_gemm is its AVX2 build (quant_gemm_avx2.cpp).
 // - more rows (prefill, batched decode): the codes of a chunk are decoded to bf16 once into a per-thread
 //   scratch and reused by every row, multiplied against bf16 x with VDPBF16PS (float32 sums): x rounded to
 //   bf16 as in our bf16 GEMM.
@@ -50,6 +50,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -61,6 +62,9 @@ constexpr int kChunkGroups = 8;    // groups decoded at a time per tile into the
 constexpr int kMaxRows = 4;        // rows of x per register tile (measured on a Zen4 against 6 x 1, 6 x 2, 2 x 4)
 constexpr int kMaxTiles = 2;       // tiles of 16 columns per register tile: 4 x 2 x 2 accumulators
 constexpr int kVnniMaxRows = 4;    // rows of x per register tile of the int8 (VPDPBUSD) path
+// The same without VNNI (VPMADDWD): per tile of the int8 path at 8 / 32 rows of Q4_K, 2 rows per register tile
+// took 0.74x / 0.86x the time of 3 (which spilled registers), 1 row 0.87x / 0.93x that of 2 (a Zen5 so run)
+constexpr int kWideMaxRows = 2;
 // How far ahead of its reads a thread prefetches each stream of codes: `streams` tiles read side by side. Without
 // prefetching, one row of Q6_K streamed at 19 GB/s and Q8_0 at 30 GB/s from memory on a Zen5 (in cache:
 // 65-180 GB/s, so the loop waited on memory); with it 34-44 GB/s. This Zen5's memory runs in a slower (46-52 GB/s)
@@ -525,15 +529,63 @@ QuantizedRows quantize_rows(const T* x, int64_t ldx, int64_t m, int64_t k, int64
   return {q, q + m * k, dx, isum, xsum, k, sub};
 }
 
+// VPDPBUSD is written as assembly so that the compiler is never allowed AVX-512 VNNI itself: the same kernels run
+// on AVX-512 CPUs without it (vnni_tiles' DP false), and there no VNNI instruction may appear.
+// acc + VPDPBUSD(u, xb): per int32 lane, the 4 products of unsigned codes and int8 values of x.
+__attribute__((target("avx512f"))) inline __m512i dpbusd(__m512i acc, __m512i u, __m512i xb) {
+  asm("vpdpbusd %[x], %[u], %[acc]" : [acc] "+v"(acc) : [u] "v"(u), [x] "v"(xb));
+  return acc;
+}
+
 // acc + VPDPBUSD(u, the 4 int8 values at x broadcast to every lane).
-__attribute__((target("avx512f,avx512vnni"))) inline __m512i dpbusd_broadcast(__m512i acc, __m512i u, const int8_t* x) {
+__attribute__((target("avx512f"))) inline __m512i dpbusd_broadcast(__m512i acc, __m512i u, const int8_t* x) {
   asm("vpdpbusd %[x]%{1to16%}, %[u], %[acc]" : [acc] "+v"(acc) : [u] "v"(u), [x] "m"(*reinterpret_cast<const int32_t*>(x)));
   return acc;
 }
 
-// MR quantized rows of x against NB tiles, the whole depth: VPDPBUSD over the codes read in place.
-template <int BITS, int MR, int NB, int SUB, bool SC, bool MIN>
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const QuantizedRows& x, const Weight& w,
+// x's two int8 terms joined, 256 * q1 + q2 (|.| <= 32,639), as int16 rows [m, k] (a per-thread buffer reused
+// across calls): what the int8 path multiplies on AVX-512 without VNNI.
+__attribute__((target("avx512f,avx512bw"))) const int16_t* joined_terms(const QuantizedRows& x, int64_t m) {
+  static thread_local std::vector<int16_t> buffer;
+  buffer.resize(static_cast<size_t>(m * x.k));
+  for (int64_t j = 0; j < m * x.k; j += 32) {  // k is a multiple of 32
+    const __m512i q1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q1 + j)));
+    const __m512i q2 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q2 + j)));
+    _mm512_storeu_si512(buffer.data() + j, _mm512_add_epi16(_mm512_slli_epi16(q1, kFineShift), q2));
+  }
+  return buffer.data();
+}
+
+// One quad of NB tiles' codes widened to int16 (lo, hi: the two halves of each tile's columns) times MR rows of
+// x16 (256 * q1 + q2; a row every ldx values), VPMADDWD's int32 pair sums added to lo_sum and hi_sum.
+template <int MR, int NB>
+__attribute__((target("avx512f,avx512bw"), always_inline)) inline void wide_quad(__m512i (&lo_sum)[MR][NB],
+                                                                                 __m512i (&hi_sum)[MR][NB],
+                                                                                 const __m512i (&lo)[NB],
+                                                                                 const __m512i (&hi)[NB],
+                                                                                 const int16_t* x16, int64_t ldx) {
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+    // x's 4 values broadcast from memory (a load, not a shuffle)
+    const __m512i xq = _mm512_broadcastq_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x16 + i * ldx)));
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) {
+      lo_sum[i][j] = _mm512_add_epi32(lo_sum[i][j], _mm512_madd_epi16(lo[j], xq));
+      hi_sum[i][j] = _mm512_add_epi32(hi_sum[i][j], _mm512_madd_epi16(hi[j], xq));
+    }
+  }
+}
+
+// MR quantized rows of x against NB tiles, the whole depth: VPDPBUSD over the codes read in place (DP), or on
+// AVX-512 without VNNI (Intel Skylake-SP) VPMADDWD: the codes of a quad widened to int16 once for all rows, times
+// x's two terms joined into one int16 (x.x16), int32 pair sums that add up over a sub-block without overflow (16
+// products of a code <= 255 and |x| <= 32,639 per lane). The same integers either way, so the same outputs. Per
+// row and quad that is two VPMADDWD and two adds where VPDPBUSD takes two instructions: on a Zen5 run so
+// (SARATHI_KERNELS=avx512bw) Q4_K at 8 / 32 rows took 1.8x / 1.9x the VNNI kernel's time. VPMADDUBSW on each
+// int8 term, widened by VPMADDWD at once (8-bit codes would overflow its int16 pairs over two quads), took
+// 1.25x / 1.35x this kernel's time.
+template <bool DP, int BITS, int MR, int NB, int SUB, bool SC, bool MIN>
+__attribute__((target("avx512f,avx512bw"))) void vnni_tiles(const QuantizedRows& x, const Weight& w,
                                                                         int64_t tile0, float* y, int64_t ldy,
                                                                         int64_t cols) {
   constexpr int kSubsPerGroup = kGroup / SUB, kQuadsPerSub = SUB / 4;
@@ -593,7 +645,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
     for (int s = 0; s < kSubsPerGroup; ++s) {
       // One row: two chains of sums per accumulator (even and odd quads), so VPDPBUSD's latency overlaps;
       // more rows have chains enough (and no registers to spare).
-      constexpr int CH = MR == 1 ? 2 : 1;
+      constexpr int CH = DP && MR == 1 ? 2 : 1;
       // 4-bit codes, one row: the two chains are a sub-block's low nibbles (quads 0-3) and its high ones, taken
       // as 16 x the code (one AND, no shift: 4 instructions a group fewer; the product stays within int32)
       constexpr bool kHighTimes16 = BITS == 4 && CH == 2 && kQuadsPerSub == 8;
@@ -605,58 +657,107 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
 #pragma GCC unroll 2
           for (int j = 0; j < NB; ++j) dot[c][i][j] = fine[c][i][j] = _mm512_setzero_si512();
       const int64_t sub = g * kSubsPerGroup + s, sup = sub / subs_per_super, ldsub = x.k / SUB;
-      if (zero != 0)  // the zero point's term, - zero * sum(x), starts the second term's sums
+      if (DP && zero != 0)  // the zero point's term, - zero * sum(x), starts the second term's sums
 #pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) {
           const __m512i start = _mm512_set1_epi32(-zero * x.isum[i * ldsub + sub]);
 #pragma GCC unroll 2
           for (int j = 0; j < NB; ++j) fine[0][i][j] = start;
         }
-#pragma GCC unroll 8
-      for (int t = 0; t < kQuadsPerSub; ++t) {
-        const int r = s * kQuadsPerSub + t, c = kHighTimes16 ? r / 4 : t % CH;
-        __m512i u[NB];
-#pragma GCC unroll 2
-        for (int j = 0; j < NB; ++j)
-          u[j] = kHighTimes16 && r >= 4
-                     ? _mm512_and_si512(_mm512_loadu_si512(codes[j] + 64 * (r - 4)), _mm512_set1_epi8(static_cast<char>(0xF0)))
-                     : quad_codes<BITS>(codes[j], r);
+      if constexpr (!DP) {
+        // dot and fine: per 128-bit lane L, dwords (column 4L, positions 0-1 / 2-3), (4L + 1, same) of each quad;
+        // fine the same for columns 4L + 2, 4L + 3 (the codes' bytes widened in lane: no cross-lane shuffles)
+        const __m512i none = _mm512_setzero_si512();
+        const int16_t* x16 = x.x16 + g * kGroup;
+        if constexpr (BITS == 4) {
+          static_assert(SUB == kGroup);
+          // each 64 bytes hold quad r's codes (low nibbles) and quad r + 4's: widened once, the words give both
 #pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i) {
-          const int8_t* four1 = x.q1 + i * x.k + g * kGroup + 4 * r;
-          const int8_t* four2 = x.q2 + i * x.k + g * kGroup + 4 * r;
-          if constexpr (NB == 1) {
-            // x's four int8 values broadcast from memory inside the VPDPBUSD (GCC does not fold set1 there):
-            // one instruction rather than two
-            dot[c][i][0] = dpbusd_broadcast(dot[c][i][0], u[0], four1);
-            fine[c][i][0] = dpbusd_broadcast(fine[c][i][0], u[0], four2);
-          } else {
-            int32_t b1, b2;
-            std::memcpy(&b1, four1, 4);
-            std::memcpy(&b2, four2, 4);
-            const __m512i xb1 = _mm512_set1_epi32(b1), xb2 = _mm512_set1_epi32(b2);
+          for (int r = 0; r < 4; ++r) {
+            __m512i lo[NB], hi[NB], lo4[NB], hi4[NB];
 #pragma GCC unroll 2
             for (int j = 0; j < NB; ++j) {
-              dot[c][i][j] = _mm512_dpbusd_epi32(dot[c][i][j], u[j], xb1);
-              fine[c][i][j] = _mm512_dpbusd_epi32(fine[c][i][j], u[j], xb2);
+              const __m512i packed = _mm512_loadu_si512(codes[j] + 64 * r), nibble = _mm512_set1_epi16(0x0F);
+              const __m512i wl = _mm512_unpacklo_epi8(packed, none), wh = _mm512_unpackhi_epi8(packed, none);
+              lo[j] = _mm512_and_si512(wl, nibble), hi[j] = _mm512_and_si512(wh, nibble);
+              lo4[j] = _mm512_srli_epi16(wl, 4), hi4[j] = _mm512_srli_epi16(wh, 4);
+            }
+            wide_quad<MR, NB>(dot[0], fine[0], lo, hi, x16 + 4 * r, x.k);
+            wide_quad<MR, NB>(dot[0], fine[0], lo4, hi4, x16 + 4 * (r + 4), x.k);
+          }
+        } else {
+#pragma GCC unroll 8
+          for (int t = 0; t < kQuadsPerSub; ++t) {
+            const int r = s * kQuadsPerSub + t;
+            __m512i lo[NB], hi[NB];
+#pragma GCC unroll 2
+            for (int j = 0; j < NB; ++j) {
+              const __m512i q = quad_codes<BITS>(codes[j], r);
+              lo[j] = _mm512_unpacklo_epi8(q, none), hi[j] = _mm512_unpackhi_epi8(q, none);
+            }
+            wide_quad<MR, NB>(dot[0], fine[0], lo, hi, x16 + 4 * r, x.k);
+          }
+        }
+        const __m512i first = _mm512_setr_epi32(0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30);
+        const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(1));
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) {
+          const __m512i start = _mm512_set1_epi32(-zero * x.isum[i * ldsub + sub]);
+#pragma GCC unroll 2
+          for (int j = 0; j < NB; ++j) {  // the columns' sums, in order, as the second term's (the first's: 0)
+            const __m512i sums = _mm512_add_epi32(_mm512_permutex2var_epi32(dot[0][i][j], first, fine[0][i][j]),
+                                                  _mm512_permutex2var_epi32(dot[0][i][j], second, fine[0][i][j]));
+            fine[0][i][j] = _mm512_add_epi32(sums, start);
+            dot[0][i][j] = _mm512_setzero_si512();
+          }
+        }
+      } else {
+#pragma GCC unroll 8
+        for (int t = 0; t < kQuadsPerSub; ++t) {
+          const int r = s * kQuadsPerSub + t, c = kHighTimes16 ? r / 4 : t % CH;
+          __m512i u[NB];
+#pragma GCC unroll 2
+          for (int j = 0; j < NB; ++j)
+            u[j] = kHighTimes16 && r >= 4
+                       ? _mm512_and_si512(_mm512_loadu_si512(codes[j] + 64 * (r - 4)), _mm512_set1_epi8(static_cast<char>(0xF0)))
+                       : quad_codes<BITS>(codes[j], r);
+#pragma GCC unroll 4
+          for (int i = 0; i < MR; ++i) {
+            const int8_t* four1 = x.q1 + i * x.k + g * kGroup + 4 * r;
+            const int8_t* four2 = x.q2 + i * x.k + g * kGroup + 4 * r;
+            if constexpr (NB == 1) {
+              // x's four int8 values broadcast from memory inside the VPDPBUSD (GCC does not fold set1 there):
+              // one instruction rather than two
+              dot[c][i][0] = dpbusd_broadcast(dot[c][i][0], u[0], four1);
+              fine[c][i][0] = dpbusd_broadcast(fine[c][i][0], u[0], four2);
+            } else {
+              int32_t b1, b2;
+              std::memcpy(&b1, four1, 4);
+              std::memcpy(&b2, four2, 4);
+              const __m512i xb1 = _mm512_set1_epi32(b1), xb2 = _mm512_set1_epi32(b2);
+#pragma GCC unroll 2
+              for (int j = 0; j < NB; ++j) {
+                dot[c][i][j] = dpbusd(dot[c][i][j], u[j], xb1);
+                fine[c][i][j] = dpbusd(fine[c][i][j], u[j], xb2);
+              }
             }
           }
         }
-      }
-      if constexpr (kHighTimes16) {  // the high nibbles' sums are 16 times theirs, exactly
-#pragma GCC unroll 2
-        for (int j = 0; j < NB; ++j) {
-          dot[0][0][j] = _mm512_add_epi32(dot[0][0][j], _mm512_srai_epi32(dot[1][0][j], 4));
-          fine[0][0][j] = _mm512_add_epi32(fine[0][0][j], _mm512_srai_epi32(fine[1][0][j], 4));
-        }
-      } else if constexpr (CH == 2) {
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i)
+        if constexpr (kHighTimes16) {  // the high nibbles' sums are 16 times theirs, exactly
 #pragma GCC unroll 2
           for (int j = 0; j < NB; ++j) {
-            dot[0][i][j] = _mm512_add_epi32(dot[0][i][j], dot[1][i][j]);
-            fine[0][i][j] = _mm512_add_epi32(fine[0][i][j], fine[1][i][j]);
+            dot[0][0][j] = _mm512_add_epi32(dot[0][0][j], _mm512_srai_epi32(dot[1][0][j], 4));
+            fine[0][0][j] = _mm512_add_epi32(fine[0][0][j], _mm512_srai_epi32(fine[1][0][j], 4));
           }
+        } else if constexpr (CH == 2) {
+#pragma GCC unroll 4
+          for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+            for (int j = 0; j < NB; ++j) {
+              dot[0][i][j] = _mm512_add_epi32(dot[0][i][j], dot[1][i][j]);
+              fine[0][i][j] = _mm512_add_epi32(fine[0][i][j], fine[1][i][j]);
+            }
+        }
       }
 #pragma GCC unroll 2
       for (int j = 0; j < NB; ++j) {
@@ -687,11 +788,11 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tiles(const Qua
 
 using VnniFn = void (*)(const QuantizedRows&, const Weight&, int64_t, float*, int64_t, int64_t);
 
-template <int BITS, int SUB, bool SC, bool MIN>
+template <bool DP, int BITS, int SUB, bool SC, bool MIN>
 struct VnniKernels {
   template <int MR, int NB>
   static VnniFn at() {
-    return &vnni_tiles<BITS, MR, NB, SUB, SC, MIN>;
+    return &vnni_tiles<DP, BITS, MR, NB, SUB, SC, MIN>;
   }
 };
 
@@ -702,9 +803,10 @@ struct VnniKernels {
 // a 1B Q4_K_M decode step of 2 sequences 0.86x); for 4 rows, one tile 2 KiB ahead took 1.32x.
 int64_t vnni_tiles_per_step(int64_t m) { return m <= 2 ? 1 : kMaxTiles; }
 
-template <int BITS, int SUB, bool SC, bool MIN>
+template <bool DP, int BITS, int SUB, bool SC, bool MIN>
 void run_vnni(const QuantizedRows& x, int64_t m, const Weight& w, float* y, int64_t ldy, int64_t n) {
-  static const TileTable<VnniFn, kVnniMaxRows, VnniKernels<BITS, SUB, SC, MIN>> table;
+  constexpr int kMaxR = DP ? kVnniMaxRows : kWideMaxRows;
+  static const TileTable<VnniFn, kMaxR, VnniKernels<DP, BITS, SUB, SC, MIN>> table;
   const int64_t tiles = (n + kCols - 1) / kCols, step = vnni_tiles_per_step(m);
   const int64_t tile_groups = (tiles + step - 1) / step;
   // a claim of ~64 KiB of codes: a compare-and-swap per claim is nothing beside it, and the threads end
@@ -715,8 +817,8 @@ void run_vnni(const QuantizedRows& x, int64_t m, const Weight& w, float* y, int6
       const int64_t tile0 = q * step;
       const int nb = static_cast<int>(std::min<int64_t>(step, tiles - tile0));
       const int64_t col0 = tile0 * kCols, cols = std::min<int64_t>(n - col0, nb * kCols);
-      for (int64_t r = 0; r < m; r += kVnniMaxRows) {  // the tiles' codes stay in L2 across row tiles
-        const int mr = static_cast<int>(std::min<int64_t>(kVnniMaxRows, m - r));
+      for (int64_t r = 0; r < m; r += kMaxR) {  // the tiles' codes stay in L2 across row tiles
+        const int mr = static_cast<int>(std::min<int64_t>(kMaxR, m - r));
         table.fn[mr][nb](x.rows_from(r), w, tile0, y + r * ldy + col0, ldy, cols);
       }
     }
@@ -767,16 +869,33 @@ constexpr int64_t kInt8SlabRows = 256;
 
 }  // namespace
 
-// Whether quant_gemm's int8 path runs on AVX-512 VNNI where the rest of the AVX-512 kernels do not: a CPU with
-// AVX-512 (BW, VNNI) but no AVX512-BF16 (Intel Cascade Lake, Ice Lake), or SARATHI_KERNELS=vnni on any
-// AVX-512 VNNI CPU. Everything else there runs its AVX2 build.
-bool cpu_vnni_only() {
+// How quant_gemm's int8 path multiplies where AVX512-BF16 does not run (everything else there runs its AVX2 build):
+// "vnni" on AVX-512 VNNI (Intel Cascade Lake, Ice Lake), "avx512bw" on AVX-512 BW without VNNI (Intel Skylake-SP),
+// "avx2" on the AVX2 build; "" where AVX512-BF16 runs (cpu_supported()). SARATHI_KERNELS=vnni, avx512bw or avx2
+// runs a CPU with those instructions so.
+std::string cpu_int8_isa() {
+  if (cpu_supported()) return "";
   const char* choice = std::getenv("SARATHI_KERNELS");
-  if (cpu_supported() || (choice != nullptr && std::strcmp(choice, "avx2") == 0)) return false;
+  const std::string chosen = choice == nullptr ? "" : choice;
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vnni");
+  if (chosen == "avx2" || !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw")) return "avx2";
+  return chosen != "avx512bw" && __builtin_cpu_supports("avx512vnni") ? "vnni" : "avx512bw";
 }
+
+namespace {
+
+enum class Int8Isa { kAvx2, kAvx512Bw, kVnni };
+
+// cpu_int8_isa() (kVnni where AVX512-BF16 runs), asked once: quant_gemm asks on every product.
+Int8Isa int8_isa() {
+  static const Int8Isa isa = [] {
+    const std::string name = cpu_int8_isa();
+    return name.empty() || name == "vnni" ? Int8Isa::kVnni : name == "avx512bw" ? Int8Isa::kAvx512Bw : Int8Isa::kAvx2;
+  }();
+  return isa;
+}
+
+}  // namespace
 
 namespace {
 
@@ -794,9 +913,9 @@ int width_index(int64_t bits, const char* op) {
 int64_t quant_int8_rows_builtin(int64_t bits) {
   width_index(bits, "quant_int8_rows_builtin");
   // asked once: quant_gemm calls this on every product
-  static const bool avx512 = cpu_supported(), vnni_only = cpu_vnni_only();
+  static const bool avx512 = cpu_supported();
   if (avx512) return vnni_up_to_rows(bits);
-  return vnni_only ? kEveryRow : int8_up_to_rows_avx2(bits);
+  return int8_isa() != Int8Isa::kAvx2 ? kEveryRow : int8_up_to_rows_avx2(bits);
 }
 
 // Rows of x up to which quant_gemm multiplies x in two int8 terms in this process (more rows: bf16 x on the
@@ -855,12 +974,13 @@ void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tenso
   float* yp = out.data_ptr<float>();
   const int64_t ldy = out.stride(0);
   const int key = static_cast<int>(bits) * 1000 + static_cast<int>(sub) * 10 + (has_sc ? 2 : 0) + (has_min ? 1 : 0);
-  static const bool avx512 = cpu_supported(), vnni_only = cpu_vnni_only();
+  static const bool avx512 = cpu_supported();
+  const Int8Isa isa = int8_isa();
   TORCH_CHECK(int8_rows >= -1, "quant_gemm: int8_rows must be -1 (this CPU's choice) or a row count");
   if (int8_rows == -1) int8_rows = quant_int8_rows(bits);
   // The AVX2 path (the Python side runs it only where cpu_portable_supported() says so), but for the int8
-  // path where AVX-512 VNNI runs.
-  if (!avx512 && !(vnni_only && m <= int8_rows)) {
+  // path where AVX-512 BW runs.
+  if (!avx512 && !(isa != Int8Isa::kAvx2 && m <= int8_rows)) {
     quant_gemm_avx2(x_in, w, key, sub, yp, ldy, n, int8_rows);
     return;
   }
@@ -871,11 +991,15 @@ void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tenso
     bool served = true;
     for (int64_t r0 = 0; r0 < m && served; r0 += kInt8SlabRows) {
       const int64_t rows = std::min(kInt8SlabRows, m - r0);
-      const QuantizedRows xr = xc.scalar_type() == at::kFloat
-                                   ? quantize_rows(xc.data_ptr<float>() + r0 * ldx, ldx, rows, k, sub)
-                                   : quantize_rows(xc.data_ptr<at::BFloat16>() + r0 * ldx, ldx, rows, k, sub);
+      QuantizedRows xr = xc.scalar_type() == at::kFloat
+                             ? quantize_rows(xc.data_ptr<float>() + r0 * ldx, ldx, rows, k, sub)
+                             : quantize_rows(xc.data_ptr<at::BFloat16>() + r0 * ldx, ldx, rows, k, sub);
+      if (isa != Int8Isa::kVnni) xr.x16 = joined_terms(xr, rows);
       served = with_format(key, [&]<int BITS, int SUB, bool SC, bool MIN>() {
-        run_vnni<BITS, SUB, SC, MIN>(xr, rows, w, yp + r0 * ldy, ldy, n);
+        if (isa == Int8Isa::kVnni)
+          run_vnni<true, BITS, SUB, SC, MIN>(xr, rows, w, yp + r0 * ldy, ldy, n);
+        else
+          run_vnni<false, BITS, SUB, SC, MIN>(xr, rows, w, yp + r0 * ldy, ldy, n);
       });
     }
     TORCH_CHECK(served || avx512, "quant_gemm: no kernel for ", bits, "-bit codes, sub-block ", sub);
@@ -923,7 +1047,7 @@ bool cpu_portable_supported() { return cpu_supported() || cpu_supports_avx2(); }
 
 TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
   lib.def("cpu_portable_supported() -> bool", &cpu_portable_supported);
-  lib.def("cpu_vnni_only() -> bool", &cpu_vnni_only);
+  lib.def("cpu_int8_isa() -> str", &cpu_int8_isa);
   lib.def("quant_int8_rows(int bits) -> int", &quant_int8_rows);
   lib.def("quant_dequant_rows(bool offsets) -> int", &quant_dequant_rows);
   lib.def("quant_int8_rows_builtin(int bits) -> int", &quant_int8_rows_builtin);

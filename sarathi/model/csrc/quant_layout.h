@@ -56,10 +56,12 @@ struct QuantizedRows {
   const int32_t* isum;  // [m, k / sub]
   const float* xsum;    // [m, k / sub]
   int64_t k, sub;
+  const int16_t* x16 = nullptr;  // [m, k]: 256 * q1 + q2, where a kernel multiplies the terms joined
 
   QuantizedRows rows_from(int64_t r) const {
     const int64_t nsub = k / sub;
-    return {q1 + r * k, q2 + r * k, dx + r * (k / kGroup), isum + r * nsub, xsum + r * nsub, k, sub};
+    return {q1 + r * k, q2 + r * k, dx + r * (k / kGroup), isum + r * nsub, xsum + r * nsub, k, sub,
+            x16 == nullptr ? nullptr : x16 + r * k};
   }
 };
 
