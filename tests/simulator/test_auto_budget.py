@@ -1,5 +1,6 @@
 """``--token-budget auto``: the CPU key, the profile grid, the mixed-iteration guard, the default SLO, the
-cached choice and the defaults of serve, bench and LLM. All in simulation on made-up or kept profiles."""
+cached choice and the defaults of serve, bench and LLM. In simulation on made-up or kept profiles, but for the
+check of a cached profile, which times the real engine at two points."""
 
 from __future__ import annotations
 
@@ -210,3 +211,43 @@ def test_offline_llm_takes_auto_and_defaults_to_a_fixed_budget(kept_profile, mon
     assert llm_module.LLM().engine.config.scheduler.token_budget == 64
     with pytest.raises(ValueError, match="tbt_slo"):
         llm_module.LLM(tbt_slo=0.1)
+
+
+def test_a_cached_profile_is_checked_against_the_engine_timed_now():
+    """check_profile times the real engine at DRIFT_POINTS beside the profile's predictions: a profile that
+    predicts 1 s per iteration is far off any CPU here, and the ratios are measured over predicted."""
+    far_off = linear_model(1.0, 0.0)
+    check = machine_profile.check_profile(engine_config(num_kv_blocks=256), far_off, repeats=2)
+    assert check.points == machine_profile.DRIFT_POINTS
+    assert check.predicted_s == (1.0, 1.0) and all(0 < m < 1.0 for m in check.measured_s)
+    assert check.drifted and check.ratios == check.measured_s
+    described = check.describe()
+    assert "decode 1 at context 128" in described and "64 tokens + 16 at context 128" in described
+
+
+@pytest.mark.parametrize("measured", [(0.0105, 0.0330), (0.0125, 0.0300)])
+def test_recheck_reuses_a_profile_within_drift_and_measures_again_past_it(
+    measured, tmp_path, monkeypatch, capsys
+):
+    """With recheck (the demo), a cached profile whose points are within DRIFT of the machine now is used;
+    one point 25% off makes it measured again and saved."""
+    cached = tmp_path / "profile.json"
+    cached.write_bytes(ZEN4.read_bytes())
+    monkeypatch.delenv(machine_profile.PROFILE_ENV, raising=False)
+    monkeypatch.setattr(machine_profile, "cached_profile_path", lambda config: cached)
+    points = machine_profile.DRIFT_POINTS
+    check = machine_profile.ProfileCheck(points, predicted_s=(0.010, 0.030), measured_s=measured)
+    monkeypatch.setattr(machine_profile, "check_profile", lambda config, model: check)
+    fresh = linear_model(0.002, 0.0001)
+    monkeypatch.setattr(machine_profile, "profile_machine", lambda config, progress: fresh)
+    model = machine_profile.machine_latency_model(engine_config(), recheck=True)
+    out = capsys.readouterr().out
+    if check.drifted:  # 12.5 ms against 10: 25% off
+        assert model is fresh and "profiling again" in out and "1.25x" in out
+        assert MeasuredLatencyModel.load(cached).coefficients == fresh.coefficients
+    else:
+        assert model.coefficients == MeasuredLatencyModel.load(ZEN4).coefficients
+        assert "cached latency profile checked" in out and "1.05x" in out
+    # Without recheck nothing is timed
+    monkeypatch.setattr(machine_profile, "check_profile", lambda config, model: pytest.fail("checked"))
+    machine_profile.machine_latency_model(engine_config())
