@@ -260,7 +260,7 @@ class ProfileCheck:
             f"{q * 1e3:.1f} predicted ({m / q:.2f}x)"
             for (p, d, c), q, m in zip(self.points, self.predicted_s, self.measured_s, strict=True)
         ]
-        return "; ".join(parts)
+        return "; ".join(parts) or "no point fits this engine's KV pool, nothing timed"
 
 
 def check_profile(config: EngineConfig, model: LatencyModel, repeats: int = DRIFT_REPEATS) -> ProfileCheck:
