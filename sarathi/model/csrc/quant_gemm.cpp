@@ -12,8 +12,9 @@
 //   place, quantized into a per-thread buffer), is split into two int8 terms per 32 positions (QuantizedRows: 16 bits of resolution, where one int8 term is too coarse for our contract),
 //   and VPDPBUSD sums 4 code x int8 products per lane in int32, twice; one conversion to float32 per
 //   sub-block. This reads the weight once at near the memory's speed (codes are never widened past bytes).
-//   On a CPU with AVX-512 BW but no AVX512-BF16 (cpu_int8_isa: with VNNI, or VPMADDUBSW and VPMADDWD in its place)
-//   this path takes every row count and the rest of quant_gemm is its AVX2 build (quant_gemm_avx2.cpp).
+//   On a CPU with AVX-512 BW but no AVX512-BF16 (cpu_int8_isa: with VNNI, or without it VPMADDWD on x's two terms
+//   joined into one int16) this path takes every row count and the rest of quant_gemm is its AVX2 build
+//   (quant_gemm_avx2.cpp).
 // - more rows (prefill, batched decode): the codes of a chunk are decoded to bf16 once into a per-thread
 //   scratch and reused by every row, multiplied against bf16 x with VDPBF16PS (float32 sums): x rounded to
 //   bf16 as in our bf16 GEMM.
