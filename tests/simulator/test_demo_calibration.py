@@ -4,6 +4,7 @@ the whole demo (profile included) fits in 5 minutes. A regression on another kin
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -33,10 +34,16 @@ PROFILE_BOUND_S = 150.0
 SLOWER_MACHINE_BOUNDS_S = {"amd-epyc-zen3-family25-model1-q4_1-grid2": (160.0, 480.0)}
 
 
+@functools.cache
+def planned(profile: Path):
+    """A kept profile's model and the demo's plan on it (the plan takes seconds of simulation: made once)."""
+    model = MeasuredLatencyModel.load(profile)
+    return model, plan_demo(DemoSettings(), model, profile=profile.name)
+
+
 @pytest.fixture(scope="module", params=PROFILES, ids=[p.stem for p in PROFILES])
 def calibrated(request):
-    model = MeasuredLatencyModel.load(request.param)
-    plan = plan_demo(DemoSettings(), model, profile=request.param.name)
+    model, plan = planned(request.param)
     return model, plan, simulate_demo(plan, model)
 
 
@@ -116,7 +123,7 @@ def test_the_demo_script_prints_its_choices_and_runs_bench_with_them(tmp_path, m
     monkeypatch.setattr(sys, "argv", ["python -m benchmarks.demo"])
     assert demo.main() == 0
     err = capsys.readouterr().err
-    plan = plan_demo(DemoSettings(), MeasuredLatencyModel.load(kept))
+    _, plan = planned(kept)  # what the tests above check, chosen the way --token-budget auto does
     assert argv[:1] == ["bench"]
     assert argv[argv.index("--token-budget") + 1] == str(plan.choice.token_budget)
     assert float(argv[argv.index("--qps") + 1]) == plan.qps
