@@ -159,7 +159,7 @@ def demo_plan_for(
     that breaks the fewest (the tightest of equals), with what breaks in simulation appended to its reason."""
     decode = one_sequence_decode_s(model)
     passed_over: list[str] = []
-    fallback: DemoPlan | None = None
+    loosest_unmet: DemoPlan | None = None  # the loosest SLO's plan, where no budget meets it
     broken_by: list[tuple[int, DemoPlan]] = []  # plans that meet their SLO, with how many promises they break
     for multiple in SLO_MULTIPLES:
         slo = multiple * decode
@@ -176,8 +176,8 @@ def demo_plan_for(
                 f"no budget meets {what} on this machine (the closest mixed iteration is predicted "
                 f"{choice.mixed_iteration_s * 1e3:.0f} ms)"
             )
-            if fallback is None and multiple == SLO_MULTIPLES[-1]:
-                fallback = plan_from_choice(settings, choice, model)
+            if multiple == SLO_MULTIPLES[-1]:
+                loosest_unmet = plan_from_choice(settings, choice, model)
             continue
         plan = plan_from_choice(settings, choice, model)
         broken = broken_promises(simulate_demo(plan, model, ("sarathi", "vllm")))
@@ -185,8 +185,8 @@ def demo_plan_for(
             return plan
         passed_over.append(f"at {what} the best budget, {choice.token_budget}, " + " and ".join(broken))
         broken_by.append((len(broken), plan))
-    if broken_by:
-        fallback = min(broken_by, key=lambda counted: counted[0])[1]  # min keeps the first of equals
+    # min keeps the first (tightest) of equals
+    fallback = min(broken_by, key=lambda counted: counted[0])[1] if broken_by else loosest_unmet
     assert fallback is not None
     note = f"{fallback.choice.slo_reason}; no SLO tried keeps every promise here: " + "; ".join(passed_over)
     return dataclasses.replace(fallback, choice=dataclasses.replace(fallback.choice, slo_reason=note))
