@@ -20,6 +20,14 @@ file dequantized, in fp32): simulated, with only the linear inputs and the KV ca
 measured, ours with `quantization="gguf"` (the file's Q4_1 / Q8_0 blocks, bf16 activations, fp32 sums). Its
 contract: <= 1.5e-2 relative error vs orig.
 
+The int8 rows simulate what the quantized kernels' int8 path (VPDPBUSD) does to every linear layer's input,
+per 32 positions of a row: one int8 term, round(x / s) with s = max|x| / 127 (llama.cpp's Q8_0 activations),
+or two, the second term the first's remainder at s / 256 (ours). "2 terms if max > r rms" keeps the
+second term only in the blocks whose largest value stands r times above the block's RMS, the blocks an
+outlier channel flattens: it asks whether a kernel could skip the second term's multiplies in the other
+blocks. "1 term per 16 (8) positions" asks the same of smaller blocks, whose scales a kernel would apply
+2 (4) times as often.
+
     python -m benchmarks.bf16_error_budget
 """
 
@@ -83,6 +91,49 @@ def hf_logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
         return model(torch.tensor([tokens])).logits[0].float()
 
 
+def int8_terms(
+    x: torch.Tensor, two_terms_above: float | None, counts: list[int], block: int = 32
+) -> torch.Tensor:
+    """x as the int8 path multiplies it, per `block` positions of its last dimension: one int8 term
+    (`two_terms_above` inf), two (None), or two in the blocks whose max|x| exceeds `two_terms_above` times
+    their RMS. `counts` gains the blocks seen and those given two terms."""
+    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
+    peak = blocks.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
+    step = peak / 127
+    first = torch.round(blocks / step)
+    second = torch.round((blocks / step - first) * 256).clamp(-127, 127)
+    one, two = step * first, step * (first + second / 256)
+    if two_terms_above is None:
+        wide = torch.ones_like(peak, dtype=torch.bool)
+    else:
+        wide = peak > two_terms_above * blocks.pow(2).mean(-1, keepdim=True).sqrt()
+    counts[0] += wide.numel()
+    counts[1] += int(wide.sum())
+    return torch.where(wide, two, one).reshape(x.shape)
+
+
+def int8_inputs(
+    model: torch.nn.Module, two_terms_above: float | None, counts: list[int], block: int
+) -> Callable[[list[int]], torch.Tensor]:
+    """A logits function for `model` with every linear layer's input taken as `int8_terms` takes it."""
+
+    def run(tokens: list[int]) -> torch.Tensor:
+        handles = [
+            m.register_forward_pre_hook(
+                lambda _m, args: (int8_terms(args[0], two_terms_above, counts, block), *args[1:])
+            )
+            for m in model.modules()
+            if isinstance(m, torch.nn.Linear)
+        ]
+        try:
+            return hf_logits(model, tokens)
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    return run
+
+
 def our_logits(model, tokens: list[int]) -> torch.Tensor:
     """Our paged model's logits at every position of one full prefill."""
     kv = allocate_kv_cache(model.arch, 16, 16, model.dtype)
@@ -120,8 +171,24 @@ def main() -> None:
         ("simulated: exact weights, linear inputs + kv cache", simulated(orig, linear_inputs=True, kv=True)),
         ("measured: sarathi gguf (file's blocks, bf16 math)", lambda p: our_logits(ours_gguf, p)),
     ]
+    # the int8 path's activations, on the exact weights: [blocks seen, blocks with two terms] per row
+    int8_counts: dict[str, list[int]] = {}
+    for label, above, block in (
+        ("1 term (llama.cpp's Q8_0)", float("inf"), 32),
+        ("1 term per 16 positions", float("inf"), 16),
+        ("1 term per 8 positions", float("inf"), 8),
+        ("2 terms (ours)", None, 32),
+        ("2 terms if max > 2.5 rms", 2.5, 32),
+        ("2 terms if max > 3.5 rms", 3.5, 32),
+        ("2 terms if max > 5 rms", 5.0, 32),
+    ):
+        counts = int8_counts.setdefault(f"simulated: exact weights, int8 inputs, {label}", [0, 0])
+        rows_spec.append(
+            (f"simulated: exact weights, int8 inputs, {label}", int8_inputs(orig, above, counts, block))
+        )
     rows = []
-    print(f"{'rounded in bf16':48s} {'vs same weights':>22s} {'vs orig':>22s}   (mean / max over prompts)")
+    width = max(len(label) for label, _ in rows_spec)
+    print(f"{'rounded':{width}s} {'vs same weights':>22s} {'vs orig':>22s}   (mean / max over prompts)")
     for label, fn in rows_spec:
         outs = [fn(p) for p in prompts]
         same_errs = [rel_err(o, r) for o, r in zip(outs, ref_same, strict=True)]
@@ -133,10 +200,15 @@ def main() -> None:
             "vs_orig_mean": statistics.mean(orig_errs),
             "vs_orig_max": max(orig_errs),
         }
+        share = ""
+        if label in int8_counts:
+            seen, wide = int8_counts[label]
+            row["two_term_blocks"] = wide / seen
+            share = f"   (two terms in {wide / seen:.0%} of blocks)"
         rows.append(row)
         print(
-            f"{label:48s} {row['vs_same_weights_mean']:10.2e} / {row['vs_same_weights_max']:8.2e}"
-            f" {row['vs_orig_mean']:10.2e} / {row['vs_orig_max']:8.2e}",
+            f"{label:{width}s} {row['vs_same_weights_mean']:10.2e} / {row['vs_same_weights_max']:8.2e}"
+            f" {row['vs_orig_mean']:10.2e} / {row['vs_orig_max']:8.2e}{share}",
             flush=True,
         )
     path = save_result("bf16_error_budget", rows, {"prompts": len(prompts), "prompt_len": PROMPT_LEN})
