@@ -182,10 +182,9 @@ def main() -> None:
         ("2 terms if max > 3.5 rms", 3.5, 32),
         ("2 terms if max > 5 rms", 5.0, 32),
     ):
-        counts = int8_counts.setdefault(f"simulated: exact weights, int8 inputs, {label}", [0, 0])
-        rows_spec.append(
-            (f"simulated: exact weights, int8 inputs, {label}", int8_inputs(orig, above, counts, block))
-        )
+        name = f"simulated: exact weights, int8 inputs, {label}"
+        counts = int8_counts[name] = [0, 0]
+        rows_spec.append((name, int8_inputs(orig, above, counts, block)))
     rows = []
     width = max(len(label) for label, _ in rows_spec)
     print(f"{'rounded':{width}s} {'vs same weights':>22s} {'vs orig':>22s}   (mean / max over prompts)")
