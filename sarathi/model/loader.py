@@ -15,7 +15,7 @@ from sarathi.model.gguf_loader import GGUFCheckpoint
 from sarathi.model.linear import Linear
 from sarathi.model.llama import LlamaForCausalLM
 from sarathi.model.parallel import WHOLE_MODEL, ShardSpec, TensorParallelGroup
-from sarathi.model.quantized import LOAD_TIME_FORMATS
+from sarathi.model.quantized import LOAD_TIME_FORMATS, WIDENED
 from sarathi.model.resolve import resolve_model, serves_gguf_file
 from sarathi.model.safetensors_folder import (
     MissingTensorError,
@@ -107,6 +107,11 @@ def _log_quantization(net: LlamaForCausalLM) -> None:
         if isinstance(module, Linear) and not module.quantized_formats
     ]
     logger.info("quantized layers: %s", ", ".join(f"{len(v)} {k}" for k, v in sorted(kept.items())))
+    for qtype in sorted(kept.keys() & WIDENED.keys()):
+        layout, ratio = WIDENED[qtype]
+        logger.info(
+            "%s weights held in the %s layout: the file's values, at %.2fx its bytes", qtype, layout, ratio
+        )
     if plain:
         logger.warning("dequantized (no quantized kernel for their type or TP slice): %s", ", ".join(plain))
 

@@ -6,6 +6,12 @@ a float16 scale d (per block, or per 256-weight super-block with a small integer
 for k-quants) and, for the formats with offsets, m = dm (* mc). `unpack` splits a tensor's blocks into those
 parts; `pack` lays them out for the kernel. Both are lossless: `dequantize(unpack(...))` equals the `gguf`
 package's dequantization (to float32 rounding of k-quant offsets, which we keep exact).
+
+Three types ride in a wider layout, because their values are exactly values that layout holds: Q3_K (codes
+-4..3, a signed 6-bit multiplier per 16 weights) in Q6_K's, IQ4_NL and IQ4_XS (4-bit indices into a table of
+16 int8 values; IQ4_XS with a signed 6-bit multiplier per 32) in Q8_0's, the table's values as 8-bit codes.
+Their weights are the file's, multiplied by the 6- and 8-bit kernels, at `WIDENED[type]` times the file's
+bytes.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ class QuantFormat:
     """How one GGUF type stores its weights (see the module docstring)."""
 
     name: str
-    bits: int  # code width
+    bits: int  # code width in the kernel's layout (Q3_K's and IQ4_NL's are held wider: see the docstring)
     sub: int  # weights per sub-block (one scale)
     zero: int  # z: code value of weight 0 (signed 8-bit codes are stored as q - z already)
     sub_scales: bool  # k-quants: an integer multiplier per sub-block on a per-super-block scale
@@ -46,7 +52,19 @@ FORMATS: dict[str, QuantFormat] = {
         QuantFormat("Q4_K", 4, 32, 0, True, True, 256),
         QuantFormat("Q5_K", 5, 32, 0, True, True, 256),
         QuantFormat("Q6_K", 6, 16, 32, True, False, 256),
+        QuantFormat("Q3_K", 6, 16, 32, True, False, 256),
+        QuantFormat("IQ4_NL", 8, 32, 0, False, False, 32),
+        QuantFormat("IQ4_XS", 8, 32, 0, True, False, 256),
     )
+}
+
+# the types held in a wider format's layout: that format, and the served bytes over the file's (per weight:
+# Q3_K 110 bytes per 256 weights against 210 in the 6-bit layout, IQ4_NL 18 per 32 against 34, IQ4_XS 136
+# per 256 against 266)
+WIDENED: dict[str, tuple[str, float]] = {
+    "Q3_K": ("Q6_K", 210 / 110),
+    "IQ4_NL": ("Q8_0", 34 / 18),
+    "IQ4_XS": ("Q8_0", (256 + 2 + 8) / 136),
 }
 
 
@@ -127,6 +145,36 @@ def _high_bits(qh: np.ndarray, count: int) -> np.ndarray:
     return ((words >> np.arange(count, dtype=np.uint32).reshape(1, -1)) & 1).astype(np.uint8)
 
 
+def _q3_k_codes(b: np.ndarray) -> np.ndarray:
+    """Q3_K blocks' hmask (32 bytes) and qs (64) -> [n, 256] codes q + 32 for q = low 2 bits - 4 * (not the
+    high bit), GGML's order: weight 128h + 32s + i takes bits 2s of qs byte 32h + i and bit 4h + s of hmask
+    byte i."""
+    n = b.shape[0]
+    low = (b[:, 32:96].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3
+    high = (b[:, :32].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
+    return low.reshape(n, 256) + 4 * high.reshape(n, 256) + np.uint8(28)
+
+
+def _q3_k_scales(b: np.ndarray) -> np.ndarray:
+    """Q3_K's 12 scale bytes -> [n, 16] signed multipliers: 6-bit values (low nibbles of bytes 0-7, then their
+    high nibbles; two bits each from bytes 8-11) minus 32."""
+    n = b.shape[0]
+    low = (b[:, :8].reshape(n, 1, 8) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)) & 0x0F
+    high = (b[:, 8:12].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 4, 1)) & 3
+    return (low.reshape(n, 16) | (high.reshape(n, 16) << 4)).astype(np.int8) - np.int8(32)
+
+
+def _iq4_xs_scales(b: np.ndarray) -> np.ndarray:
+    """IQ4_XS's scale bytes (a little-endian uint16 of high bit pairs, then 4 bytes of nibbles) -> [n, 8]
+    signed multipliers: sub-block j's low nibble from byte j / 2 of the second part, its two high bits at 2j
+    of the first, minus 32."""
+    n = b.shape[0]
+    low = (b[:, 2:6].reshape(n, 4, 1) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2)) & 0x0F
+    words = b[:, :2].copy().view(np.uint16).reshape(n, 1)
+    high = ((words >> np.arange(0, 16, 2, dtype=np.uint16).reshape(1, 8)) & 3).astype(np.uint8)
+    return (low.reshape(n, 8) | (high << 4)).astype(np.int8) - np.int8(32)
+
+
 def unpack(t: QuantizedTensor) -> Unpacked:
     """Codes and scales of every block of `t`."""
     fmt = t.format
@@ -163,6 +211,14 @@ def unpack(t: QuantizedTensor) -> Unpacked:
         qh = b[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
         codes = ql | ((qh & 3).reshape(n, 256) << 4)
         sc, d = b[:, 192:208].copy().view(np.int8), half(208)
+    elif fmt.name == "Q3_K":
+        codes, sc, d = _q3_k_codes(b[:, :96]), _q3_k_scales(b[:, 96:108]), half(108)
+    elif fmt.name in ("IQ4_NL", "IQ4_XS"):
+        table = np.array(gguf.quants.IQ4_NL.kvalues, dtype=np.int8).view(np.uint8)
+        start = 2 if fmt.name == "IQ4_NL" else 8
+        d, codes = half(0), table[_nibbles(b[:, start:], 16)]
+        if fmt.name == "IQ4_XS":
+            sc = _iq4_xs_scales(b[:, 2:8])
     else:  # pragma: no cover - FORMATS lists what is handled here
         raise ValueError(f"no unpacking for {fmt.name}")
     rows = t.rows
