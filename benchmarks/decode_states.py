@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from benchmarks.forward_cases import QUANTIZED, ours_decode, quantized_file
+from benchmarks.forward_cases import MORE_QUANTIZED, QUANTIZED, ours_decode, quantized_file
 from benchmarks.forward_timing import case_floor, read_rate
 from benchmarks.record import save_result
 from sarathi.model.linear import Linear
@@ -48,7 +48,7 @@ def by_state(samples: list[dict], split: float) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="1b", choices=["smollm2", "1b", "3b"])
-    parser.add_argument("--precision", default="Q4_K_M", choices=list(QUANTIZED))
+    parser.add_argument("--precision", default="Q4_K_M", choices=[*QUANTIZED, *MORE_QUANTIZED])
     parser.add_argument("--seconds", type=float, default=240.0, help="how long to sample (default 240)")
     parser.add_argument("--split", type=float, default=62.0, help="GB/s between the two states (default 62)")
     args = parser.parse_args()

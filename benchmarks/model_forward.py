@@ -47,6 +47,7 @@ from benchmarks.forward_cases import (
     GEMMA,
     MIXED_CHUNK,
     MIXED_DECODES,
+    MORE_QUANTIZED,
     PRECISIONS,
     PREFILL_TOKENS,
     QUANTIZED,
@@ -131,7 +132,8 @@ def main() -> None:
     parser.add_argument(
         "--precisions",
         default=DEFAULT_PRECISIONS,
-        help=f"comma-separated, from {', '.join([*PRECISIONS, *QUANTIZED])} (default {DEFAULT_PRECISIONS})",
+        help=f"comma-separated, from {', '.join([*PRECISIONS, *QUANTIZED, *MORE_QUANTIZED])} "
+        f"(default {DEFAULT_PRECISIONS})",
     )
     parser.add_argument(
         "--model",
@@ -161,7 +163,7 @@ def main() -> None:
             names = ["bf16-math", "Q4_K_M", "Q8_0"] if args.model == GEMMA else ["bf16-math", *QUANTIZED]
         if {"float32", "bfloat16"} & set(names):
             parser.error(f"--model {args.model} runs bf16-math and the quantized precisions")
-    unknown = [n for n in names if n not in PRECISIONS and n not in QUANTIZED]
+    unknown = [n for n in names if n not in PRECISIONS and n not in (*QUANTIZED, *MORE_QUANTIZED)]
     if unknown:
         parser.error(f"unknown precisions: {', '.join(unknown)}")
     reps = 3 if args.quick else 5
@@ -177,7 +179,7 @@ def main() -> None:
     rows: list[dict] = []
     llama_cpp: dict[str, dict] = {}
     for name in names:
-        quantized = name in QUANTIZED
+        quantized = name in (*QUANTIZED, *MORE_QUANTIZED)
         dtype, compute = PRECISIONS["bf16-math" if quantized else name]
         if quantized:  # as served: bf16 math where the AVX512-BF16 kernels run, else float32 (AVX2 path)
             compute = resolve_compute_dtype(dtype, "auto")
