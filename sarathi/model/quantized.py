@@ -7,11 +7,11 @@ for k-quants) and, for the formats with offsets, m = dm (* mc). `unpack` splits 
 parts; `pack` lays them out for the kernel. Both are lossless: `dequantize(unpack(...))` equals the `gguf`
 package's dequantization (to float32 rounding of k-quant offsets, which we keep exact).
 
-Three types ride in a wider layout, because their values are exactly values that layout holds: Q3_K (codes
--4..3, a signed 6-bit multiplier per 16 weights) in Q6_K's, IQ4_NL and IQ4_XS (4-bit indices into a table of
-16 int8 values; IQ4_XS with a signed 6-bit multiplier per 32) in Q8_0's, the table's values as 8-bit codes.
-Their weights are the file's, multiplied by the 6- and 8-bit kernels, at `WIDENED[type]` times the file's
-bytes.
+Four types ride in a wider layout, because their values are exactly values that layout holds: Q3_K (codes
+-4..3, a signed 6-bit multiplier per 16 weights) and Q2_K (codes 0..3, 4-bit multipliers of a scale and of an
+offset per 16) in the 6-bit one; IQ4_NL and IQ4_XS (4-bit indices into a table of 16 int8 values; IQ4_XS with
+a signed 6-bit multiplier per 32) in the 8-bit one, the table's values as codes. Their weights are the
+file's, multiplied by the 6- and 8-bit kernels, at `WIDENED[type][1]` times the file's bytes.
 """
 
 from __future__ import annotations
@@ -53,18 +53,20 @@ FORMATS: dict[str, QuantFormat] = {
         QuantFormat("Q5_K", 5, 32, 0, True, True, 256),
         QuantFormat("Q6_K", 6, 16, 32, True, False, 256),
         QuantFormat("Q3_K", 6, 16, 32, True, False, 256),
+        QuantFormat("Q2_K", 6, 16, 0, True, True, 256),
         QuantFormat("IQ4_NL", 8, 32, 0, False, False, 32),
         QuantFormat("IQ4_XS", 8, 32, 0, True, False, 256),
     )
 }
 
-# the types held in a wider format's layout: that format, and the served bytes over the file's (per weight:
-# Q3_K 110 bytes per 256 weights against 210 in the 6-bit layout, IQ4_NL 18 per 32 against 34, IQ4_XS 136
-# per 256 against 266)
+# the types held in a wider layout: its code width, and the served bytes over the file's (per weight:
+# Q3_K 110 bytes per 256 weights against 210 in the 6-bit layout, Q2_K 84 against 228 there with its offsets,
+# IQ4_NL 18 per 32 against 34, IQ4_XS 136 per 256 against 266)
 WIDENED: dict[str, tuple[str, float]] = {
-    "Q3_K": ("Q6_K", 210 / 110),
-    "IQ4_NL": ("Q8_0", 34 / 18),
-    "IQ4_XS": ("Q8_0", (256 + 2 + 8) / 136),
+    "Q3_K": ("6-bit", 210 / 110),
+    "Q2_K": ("6-bit", (192 + 2 + 2 + 16 + 16) / 84),
+    "IQ4_NL": ("8-bit", 34 / 18),
+    "IQ4_XS": ("8-bit", (256 + 2 + 8) / 136),
 }
 
 
@@ -145,14 +147,20 @@ def _high_bits(qh: np.ndarray, count: int) -> np.ndarray:
     return ((words >> np.arange(count, dtype=np.uint32).reshape(1, -1)) & 1).astype(np.uint8)
 
 
+def _two_bit_codes(qs: np.ndarray) -> np.ndarray:
+    """[n, 64] bytes -> [n, 256] 2-bit codes in GGML's order: weight 128h + 32s + i is bits 2s..2s+1 of byte
+    32h + i."""
+    n = qs.shape[0]
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    return ((qs.reshape(n, 2, 1, 32) >> shifts) & 3).reshape(n, 256)
+
+
 def _q3_k_codes(b: np.ndarray) -> np.ndarray:
     """Q3_K blocks' hmask (32 bytes) and qs (64) -> [n, 256] codes q + 32 for q = low 2 bits - 4 * (not the
-    high bit), GGML's order: weight 128h + 32s + i takes bits 2s of qs byte 32h + i and bit 4h + s of hmask
-    byte i."""
+    high bit): weight 128h + 32s + i takes its high bit from bit 4h + s of hmask byte i."""
     n = b.shape[0]
-    low = (b[:, 32:96].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3
     high = (b[:, :32].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
-    return low.reshape(n, 256) + 4 * high.reshape(n, 256) + np.uint8(28)
+    return _two_bit_codes(b[:, 32:96]) + 4 * high.reshape(n, 256) + np.uint8(28)
 
 
 def _q3_k_scales(b: np.ndarray) -> np.ndarray:
@@ -213,6 +221,9 @@ def unpack(t: QuantizedTensor) -> Unpacked:
         sc, d = b[:, 192:208].copy().view(np.int8), half(208)
     elif fmt.name == "Q3_K":
         codes, sc, d = _q3_k_codes(b[:, :96]), _q3_k_scales(b[:, 96:108]), half(108)
+    elif fmt.name == "Q2_K":
+        codes, d, dm = _two_bit_codes(b[:, 16:80]), half(80), -half(82)
+        sc, mc = (b[:, :16] & 0x0F).astype(np.int8), b[:, :16] >> 4
     elif fmt.name in ("IQ4_NL", "IQ4_XS"):
         table = np.array(gguf.quants.IQ4_NL.kvalues, dtype=np.int8).view(np.uint8)
         start = 2 if fmt.name == "IQ4_NL" else 8

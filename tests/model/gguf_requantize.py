@@ -1,7 +1,7 @@
-"""Writing GGUF blocks of the types the `gguf` package reads but cannot write (Q3_K, IQ4_NL, IQ4_XS), by plain
-round-to-nearest, and a copy of a GGUF file with chosen tensors re-encoded: files of those types for tests,
-without llama.cpp. The encoders need not match llama-quantize's choices, only make valid blocks; what the
-blocks mean is the `gguf` package's dequantization."""
+"""Writing GGUF blocks of the types the `gguf` package reads but cannot write (Q2_K, Q3_K, IQ4_NL, IQ4_XS), by
+plain round-to-nearest, and a copy of a GGUF file with chosen tensors re-encoded: files of those types for
+tests, without llama.cpp. The encoders need not match llama-quantize's choices, only make valid blocks;
+what the blocks mean is the `gguf` package's dequantization."""
 
 from __future__ import annotations
 
@@ -77,6 +77,38 @@ def encode_iq4_xs(w: np.ndarray) -> np.ndarray:
     )
 
 
+def _two_bit_bytes(code: np.ndarray) -> np.ndarray:
+    """[n, 256] codes -> [n, 64] bytes of their low two bits: weight 128h + 32s + i at bits 2s..2s+1 of byte
+    32h + i."""
+    n = code.shape[0]
+    low = (code & 3).reshape(n, 2, 4, 32) << (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)
+    return np.bitwise_or.reduce(low, axis=2).reshape(n, 64)
+
+
+def encode_q2_k(w: np.ndarray) -> np.ndarray:
+    """[n * 256] float32 -> [n, 84] Q2_K blocks (codes q in 0..3, weight d * sc * q - dmin * m per 16)."""
+    w = w.reshape(-1, 16, 16)
+    n = w.shape[0]
+    low = np.minimum(w.min(-1), 0.0)
+    dmin = (-low.min(-1) / 15).astype(np.float16)
+    m = np.clip(np.round(_divide(-low, dmin.astype(np.float32)[:, None])), 0, 15).astype(np.uint8)
+    base = dmin.astype(np.float32)[:, None] * m
+    step_wanted = (w.max(-1) + base) / 3  # q = 3 reaches the sub-block's max
+    d = (step_wanted.max(-1) / 15).astype(np.float16)
+    sc = np.clip(np.round(_divide(step_wanted, d.astype(np.float32)[:, None])), 0, 15).astype(np.uint8)
+    step = d.astype(np.float32)[:, None] * sc
+    code = np.clip(np.round(_divide(w + base[..., None], step[..., None])), 0, 3).astype(np.uint8)
+    return np.concatenate(
+        [
+            sc | (m << 4),
+            _two_bit_bytes(code.reshape(n, 256)),
+            d.view(np.uint8).reshape(n, 2),
+            dmin.view(np.uint8).reshape(n, 2),
+        ],
+        axis=1,
+    )
+
+
 def encode_q3_k(w: np.ndarray) -> np.ndarray:
     """[n * 256] float32 -> [n, 110] Q3_K blocks (codes q in -4..3, weight d * sc * q)."""
     w = w.reshape(-1, 16, 16)
@@ -84,9 +116,8 @@ def encode_q3_k(w: np.ndarray) -> np.ndarray:
     d, sc = _sub_scales(_signed_scale(w.reshape(-1, 16), -4.0).reshape(n, 16))
     step = d.astype(np.float32)[:, None] * sc
     code = (np.clip(np.round(_divide(w, step[..., None])), -4, 3) + 4).astype(np.uint8).reshape(n, 256)
-    # weight 128h + 32s + i: bits 2s..2s+1 of qs byte 32h + i; its high bit at bit 4h + s of hmask byte i
-    low = (code & 3).reshape(n, 2, 4, 32) << (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)
-    qs = np.bitwise_or.reduce(low, axis=2).reshape(n, 64)
+    # weight 128h + 32s + i: its high bit at bit 4h + s of hmask byte i
+    qs = _two_bit_bytes(code)
     high = (code >> 2).reshape(n, 8, 32) << np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
     hmask = np.bitwise_or.reduce(high, axis=1)
     u = (sc.astype(np.int16) + 32).astype(np.uint8)
@@ -103,6 +134,7 @@ def encode_q3_k(w: np.ndarray) -> np.ndarray:
 
 
 ENCODERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "Q2_K": encode_q2_k,
     "Q3_K": encode_q3_k,
     "IQ4_NL": encode_iq4_nl,
     "IQ4_XS": encode_iq4_xs,

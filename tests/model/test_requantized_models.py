@@ -1,10 +1,10 @@
-"""GGUF types held in a wider layout (Q3_K in Q6_K's, IQ4_NL and IQ4_XS in Q8_0's; see
-sarathi/model/quantized.py), served from a whole file: the embedded SmolLM2's GGUF with six layers re-encoded
-the way llama-quantize's Q3_K_M and IQ4_XS files mix them where 576 columns do not fill 256-weight blocks
-(IQ4_NL for those, Q3_K and IQ4_XS for the down projections). Logits against our float32 model on the same
-file's dequantized weights (which matches transformers fp32 within 3e-4: test_model_vs_hf) within the
-quantization contract, in every chunking; each layer's weights resident at the stated multiple of the file's
-bytes."""
+"""GGUF types held in a wider layout (Q2_K and Q3_K in the 6-bit one, IQ4_NL and IQ4_XS in the 8-bit one; see
+sarathi/model/quantized.py), served from a whole file: the embedded SmolLM2's GGUF with six layers
+re-encoded the way llama-quantize's Q2_K, Q3_K_M and IQ4_XS files mix them where 576 columns do not fill
+256-weight blocks (IQ4_NL for those, Q3_K, IQ4_XS and Q2_K for the down projections). Logits against our
+float32 model on the same file's dequantized weights (which matches transformers fp32 within 3e-4:
+test_model_vs_hf) within the quantization contract, in every chunking; each layer's weights resident at the
+stated multiple of the file's bytes."""
 
 from __future__ import annotations
 
@@ -32,15 +32,15 @@ TEXT = (
 )
 
 
-@pytest.mark.parametrize("qtype", ["Q3_K", "IQ4_NL", "IQ4_XS"])
+@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"])
 def test_encoder_blocks_decode_near_their_input(qtype) -> None:
     """The test's own encoder writes the layout the `gguf` package reads (else the file below would hold
     noise): every weight comes back within its block's step."""
     w = np.random.default_rng(0).standard_normal((8, 512)).astype(np.float32) * 0.05
     blocks = encode(w, qtype)
     back = np.asarray(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[qtype])).reshape(w.shape)
-    # Q3_K's step is max/4 per 16 (a quarter of the range); IQ4's table steps up to 24 / 127 of the max
-    bound = {"Q3_K": 0.16, "IQ4_NL": 0.11, "IQ4_XS": 0.12}[qtype]
+    # Q2_K's step is a third of a 16's range, Q3_K's max / 4 per 16; IQ4's table steps up to 24 / 127 of max
+    bound = {"Q2_K": 0.3, "Q3_K": 0.16, "IQ4_NL": 0.11, "IQ4_XS": 0.12}[qtype]
     assert np.abs(back - w).max() <= bound * np.abs(w).max()
     assert np.corrcoef(back.ravel(), w.ravel())[0, 1] > 0.95
 
@@ -50,7 +50,7 @@ def _choose(name: str, shape: tuple[int, int]) -> str | None:
     if layer is None or int(layer) >= 6:
         return None
     if name.endswith("ffn_down.weight"):
-        return "Q3_K" if int(layer) % 2 == 0 else "IQ4_XS"
+        return ("Q3_K", "IQ4_XS", "Q2_K")[int(layer) % 3]
     return "IQ4_NL"
 
 
@@ -81,7 +81,7 @@ def served(mixed_file):
 
 def test_the_file_is_served_in_its_own_types(served) -> None:
     model, _ = served
-    assert {"Q3_K", "IQ4_NL", "IQ4_XS", "Q4_1"} <= model.quantized_layers().keys()
+    assert {"Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "Q4_1"} <= model.quantized_layers().keys()
     assert not [n for n, m in model.named_modules() if isinstance(m, Linear) and not m.quantized_formats]
 
 
@@ -91,7 +91,7 @@ def test_logits_within_the_contract(served, prompt_and_reference, chunk) -> None
     prompt, reference = prompt_and_reference
     logits = PagedRunner(model, arch, block_size=16, num_blocks=16).prefill("a", prompt, chunk=chunk)
     err = rel_err(logits, reference)
-    print(f"mixed Q3_K / IQ4 file, chunk {chunk}: relative error {err:.3g}")
+    print(f"mixed Q2_K / Q3_K / IQ4 file, chunk {chunk}: relative error {err:.3g}")
     assert err <= CONTRACT_REL
     assert (logits.argmax(-1) == reference.argmax(-1)).float().mean() >= 0.95
 
@@ -103,6 +103,7 @@ def test_widened_weights_take_the_stated_multiple_of_the_file_bytes(served, mixe
     assert down.quantized_formats == ["Q3_K"]
     stated = WIDENED["Q3_K"][1] * file_bytes["blk.0.ffn_down.weight"]
     assert abs(down.weight_bytes - stated) <= 0.05 * stated
-    down1 = model.layers[1].mlp.down_proj
-    stated = WIDENED["IQ4_XS"][1] * file_bytes["blk.1.ffn_down.weight"]
-    assert abs(down1.weight_bytes - stated) <= 0.05 * stated
+    for layer, qtype in ((1, "IQ4_XS"), (2, "Q2_K")):
+        down = model.layers[layer].mlp.down_proj
+        stated = WIDENED[qtype][1] * file_bytes[f"blk.{layer}.ffn_down.weight"]
+        assert abs(down.weight_bytes - stated) <= 0.05 * stated

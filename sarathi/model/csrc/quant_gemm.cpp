@@ -1,5 +1,6 @@
 // y[M, N] (float32) = x[M, K] (bf16 or float32) @ W[N, K]^T for a weight kept in a GGUF
-// quantization (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), never dequantized in memory.
+// quantization (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; Q2_K's and Q3_K's codes held as 6-bit ones,
+// IQ4_NL's and IQ4_XS's table values as 8-bit ones), never dequantized in memory.
 //
 // Every such format stores, per sub-block of 16 or 32 weights of a row, small integer codes q and scales:
 //     w = s * (q - z) + m,   s = d (* sc),   m = dm (* mc)

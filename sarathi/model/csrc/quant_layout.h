@@ -79,6 +79,7 @@ bool with_format(int key, F&& f) {
     case 4323: f.template operator()<4, 32, true, true>(); return true;    // Q4_K
     case 5323: f.template operator()<5, 32, true, true>(); return true;    // Q5_K
     case 6162: f.template operator()<6, 16, true, false>(); return true;   // Q6_K, Q3_K
+    case 6163: f.template operator()<6, 16, true, true>(); return true;    // Q2_K
     default: return false;
   }
 }
