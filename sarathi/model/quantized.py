@@ -33,7 +33,7 @@ class QuantFormat:
     """How one GGUF type stores its weights (see the module docstring)."""
 
     name: str
-    bits: int  # code width in the kernel's layout (Q3_K's and IQ4_NL's are held wider: see the docstring)
+    bits: int  # code width in the kernel's layout (Q2_K's, Q3_K's and IQ4's codes are held wider: docstring)
     sub: int  # weights per sub-block (one scale)
     zero: int  # z: code value of weight 0 (signed 8-bit codes are stored as q - z already)
     sub_scales: bool  # k-quants: an integer multiplier per sub-block on a per-super-block scale
@@ -174,8 +174,8 @@ def _q3_k_scales(b: np.ndarray) -> np.ndarray:
 
 def _iq4_xs_scales(b: np.ndarray) -> np.ndarray:
     """IQ4_XS's scale bytes (a little-endian uint16 of high bit pairs, then 4 bytes of nibbles) -> [n, 8]
-    signed multipliers: sub-block j's low nibble from byte j / 2 of the second part, its two high bits at 2j
-    of the first, minus 32."""
+    signed multipliers: sub-block j's low four bits are nibble j % 2 of byte j // 2 of the second part, its
+    two high bits bits 2j..2j+1 of the first; minus 32."""
     n = b.shape[0]
     low = (b[:, 2:6].reshape(n, 4, 1) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2)) & 0x0F
     words = b[:, :2].copy().view(np.uint16).reshape(n, 1)
