@@ -9,9 +9,10 @@ package's dequantization (to float32 rounding of k-quant offsets, which we keep 
 
 Four types ride in a wider layout, because their values are exactly values that layout holds: Q3_K (codes
 -4..3, a signed 6-bit multiplier per 16 weights) and Q2_K (codes 0..3, 4-bit multipliers of a scale and of an
-offset per 16) in the 6-bit one; IQ4_NL and IQ4_XS (4-bit indices into a table of 16 int8 values; IQ4_XS with
-a signed 6-bit multiplier per 32) in the 8-bit one, the table's values as codes. Their weights are the
-file's, multiplied by the 6- and 8-bit kernels, at `WIDENED[type][1]` times the file's bytes.
+offset per 16) in the 4-bit one, with sub-blocks of 16; IQ4_NL and IQ4_XS (4-bit indices into a table of 16
+int8 values; IQ4_XS with a signed 6-bit multiplier per 32) in the 8-bit one, the table's values as codes.
+Their weights are the file's, multiplied by the 4- and 8-bit kernels, at `WIDENED[type][1]` times the file's
+bytes.
 """
 
 from __future__ import annotations
@@ -52,19 +53,19 @@ FORMATS: dict[str, QuantFormat] = {
         QuantFormat("Q4_K", 4, 32, 0, True, True, 256),
         QuantFormat("Q5_K", 5, 32, 0, True, True, 256),
         QuantFormat("Q6_K", 6, 16, 32, True, False, 256),
-        QuantFormat("Q3_K", 6, 16, 32, True, False, 256),
-        QuantFormat("Q2_K", 6, 16, 0, True, True, 256),
+        QuantFormat("Q3_K", 4, 16, 4, True, False, 256),
+        QuantFormat("Q2_K", 4, 16, 0, True, True, 256),
         QuantFormat("IQ4_NL", 8, 32, 0, False, False, 32),
         QuantFormat("IQ4_XS", 8, 32, 0, True, False, 256),
     )
 }
 
-# the types held in a wider layout: its code width, and the served bytes over the file's (per weight:
-# Q3_K 110 bytes per 256 weights against 210 in the 6-bit layout, Q2_K 84 against 228 there with its offsets,
-# IQ4_NL 18 per 32 against 34, IQ4_XS 136 per 256 against 266)
+# the types held in a wider layout: its code width, and the served bytes over the file's (per 256 weights:
+# Q3_K 110 bytes against 146 as 4-bit codes with a multiplier per 16, Q2_K 84 against 164 with its offsets;
+# per 32, IQ4_NL 18 against 34 as 8-bit codes; per 256, IQ4_XS 136 against 266)
 WIDENED: dict[str, tuple[str, float]] = {
-    "Q3_K": ("6-bit", 210 / 110),
-    "Q2_K": ("6-bit", (192 + 2 + 2 + 16 + 16) / 84),
+    "Q3_K": ("4-bit", (128 + 16 + 2) / 110),
+    "Q2_K": ("4-bit", (128 + 16 + 16 + 2 + 2) / 84),
     "IQ4_NL": ("8-bit", 34 / 18),
     "IQ4_XS": ("8-bit", (256 + 2 + 8) / 136),
 }
@@ -156,11 +157,11 @@ def _two_bit_codes(qs: np.ndarray) -> np.ndarray:
 
 
 def _q3_k_codes(b: np.ndarray) -> np.ndarray:
-    """Q3_K blocks' hmask (32 bytes) and qs (64) -> [n, 256] codes q + 32 for q = low 2 bits - 4 * (not the
+    """Q3_K blocks' hmask (32 bytes) and qs (64) -> [n, 256] codes q + 4 for q = low 2 bits - 4 * (not the
     high bit): weight 128h + 32s + i takes its high bit from bit 4h + s of hmask byte i."""
     n = b.shape[0]
     high = (b[:, :32].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
-    return _two_bit_codes(b[:, 32:96]) + 4 * high.reshape(n, 256) + np.uint8(28)
+    return _two_bit_codes(b[:, 32:96]) + 4 * high.reshape(n, 256)
 
 
 def _q3_k_scales(b: np.ndarray) -> np.ndarray:

@@ -1,6 +1,6 @@
 // y[M, N] (float32) = x[M, K] (bf16 or float32) @ W[N, K]^T for a weight kept in a GGUF
-// quantization (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; Q2_K's and Q3_K's codes held as 6-bit ones,
-// IQ4_NL's and IQ4_XS's table values as 8-bit ones), never dequantized in memory.
+// quantization (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; Q2_K's and Q3_K's codes held as 4-bit ones
+// with sub-blocks of 16, IQ4_NL's and IQ4_XS's table values as 8-bit ones), never dequantized in memory.
 //
 // Every such format stores, per sub-block of 16 or 32 weights of a row, small integer codes q and scales:
 //     w = s * (q - z) + m,   s = d (* sc),   m = dm (* mc)
@@ -671,9 +671,9 @@ __attribute__((target("avx512f,avx512bw"))) void vnni_tiles(const QuantizedRows&
         // fine the same for columns 4L + 2, 4L + 3 (the codes' bytes widened in lane: no cross-lane shuffles)
         const __m512i none = _mm512_setzero_si512();
         const int16_t* x16 = x.x16 + g * kGroup;
-        if constexpr (BITS == 4) {
-          static_assert(SUB == kGroup);
+        if constexpr (BITS == 4 && SUB == kGroup) {
           // each 64 bytes hold quad r's codes (low nibbles) and quad r + 4's: widened once, the words give both
+          // (with sub-blocks of 16, Q2_K's and Q3_K's, the two quads are in different sub-blocks: one at a time)
 #pragma GCC unroll 4
           for (int r = 0; r < 4; ++r) {
             __m512i lo[NB], hi[NB], lo4[NB], hi4[NB];

@@ -224,6 +224,7 @@ inline void store_rows(const __m256 (&acc)[MR][NH], float* y, int64_t ldy, int64
 template <int BITS, int MR, int NH, int SUB, bool SC, bool MIN>
 void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, int h0, float* y, int64_t ldy, int64_t cols) {
   constexpr int kSubsPerGroup = kGroup / SUB, kQuadsPerSub = SUB / 4;
+  constexpr int kFlush = std::min(kQuadsPerFlush<BITS>, kQuadsPerSub);  // a sub-block's sums widen by its end
   constexpr int64_t subs_per_super = kSubsPerSuper<SUB, SC>;
   const int64_t bytes = group_bytes(BITS), ldb = x.k / kGroup, ldsub = x.k / SUB;
   const int32_t zero = BITS == 8 ? 0 : w.zero;
@@ -254,7 +255,7 @@ void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, int h0, fl
         for (int t = 0; t < kQuadsPerSub; ++t) {
           const int r = s * kQuadsPerSub + t;
           const __m256i u = quad_half<BITS>(codes, r, h);
-          const bool opens = t % kQuadsPerFlush<BITS> == 0, closes = (t + 1) % kQuadsPerFlush<BITS> == 0;
+          const bool opens = t % kFlush == 0, closes = (t + 1) % kFlush == 0;
 #pragma GCC unroll 4
           for (int i = 0; i < MR; ++i) {
             int32_t four1, four2;

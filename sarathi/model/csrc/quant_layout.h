@@ -72,14 +72,15 @@ bool with_format(int key, F&& f) {
   switch (key) {
     case 4320: f.template operator()<4, 32, false, false>(); return true;  // Q4_0
     case 4321: f.template operator()<4, 32, false, true>(); return true;   // Q4_1
+    case 4162: f.template operator()<4, 16, true, false>(); return true;   // Q3_K
+    case 4163: f.template operator()<4, 16, true, true>(); return true;    // Q2_K
     case 5320: f.template operator()<5, 32, false, false>(); return true;  // Q5_0
     case 5321: f.template operator()<5, 32, false, true>(); return true;   // Q5_1
     case 8320: f.template operator()<8, 32, false, false>(); return true;  // Q8_0, IQ4_NL
     case 8322: f.template operator()<8, 32, true, false>(); return true;   // IQ4_XS
     case 4323: f.template operator()<4, 32, true, true>(); return true;    // Q4_K
     case 5323: f.template operator()<5, 32, true, true>(); return true;    // Q5_K
-    case 6162: f.template operator()<6, 16, true, false>(); return true;   // Q6_K, Q3_K
-    case 6163: f.template operator()<6, 16, true, true>(); return true;    // Q2_K
+    case 6162: f.template operator()<6, 16, true, false>(); return true;   // Q6_K
     default: return false;
   }
 }
