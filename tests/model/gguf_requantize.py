@@ -14,9 +14,9 @@ import numpy as np
 KVALUES = np.array(gguf.quants.IQ4_NL.kvalues, dtype=np.float32)  # ascending
 
 
-def _half(x: np.ndarray) -> np.ndarray:
-    """[n] float32 -> [n, 2] bytes of float16."""
-    return x.astype(np.float16).view(np.uint8).reshape(-1, 2)
+def _two_bytes(x: np.ndarray) -> np.ndarray:
+    """[n] float16 or uint16 -> [n, 2] bytes, little-endian."""
+    return x.view(np.uint8).reshape(-1, 2)
 
 
 def _signed_scale(w: np.ndarray, extreme: float) -> np.ndarray:
@@ -43,9 +43,9 @@ def _nibble_pairs(idx: np.ndarray) -> np.ndarray:
 def encode_iq4_nl(w: np.ndarray) -> np.ndarray:
     """[n * 32] float32 -> [n, 18] IQ4_NL blocks."""
     w = w.reshape(-1, 32)
-    d = _half(_signed_scale(w, KVALUES[0])).copy()
-    idx = _nearest_kvalue(_divide(w, d.view(np.float16).astype(np.float32)))
-    return np.concatenate([d, _nibble_pairs(idx)], axis=1)
+    d = _signed_scale(w, KVALUES[0]).astype(np.float16)
+    idx = _nearest_kvalue(_divide(w, d.astype(np.float32)[:, None]))
+    return np.concatenate([_two_bytes(d), _nibble_pairs(idx)], axis=1)
 
 
 def _sub_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -68,8 +68,8 @@ def encode_iq4_xs(w: np.ndarray) -> np.ndarray:
     low = (u[:, 0::2] & 0xF) | ((u[:, 1::2] & 0xF) << 4)
     return np.concatenate(
         [
-            d.view(np.uint8).reshape(n, 2),
-            high.view(np.uint8).reshape(n, 2),
+            _two_bytes(d),
+            _two_bytes(high),
             low.astype(np.uint8),
             _nibble_pairs(idx).reshape(n, 128),
         ],
@@ -102,8 +102,8 @@ def encode_q2_k(w: np.ndarray) -> np.ndarray:
         [
             sc | (m << 4),
             _two_bit_bytes(code.reshape(n, 256)),
-            d.view(np.uint8).reshape(n, 2),
-            dmin.view(np.uint8).reshape(n, 2),
+            _two_bytes(d),
+            _two_bytes(dmin),
         ],
         axis=1,
     )
@@ -130,7 +130,7 @@ def encode_q3_k(w: np.ndarray) -> np.ndarray:
         ],
         axis=1,
     )
-    return np.concatenate([hmask, qs, scales, d.view(np.uint8).reshape(n, 2)], axis=1)
+    return np.concatenate([hmask, qs, scales, _two_bytes(d)], axis=1)
 
 
 ENCODERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
