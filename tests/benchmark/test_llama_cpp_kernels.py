@@ -55,3 +55,44 @@ def test_commands_use_the_shapes_and_threads(monkeypatch):
         "512", str(lk.DECODE_STEPS), "32", str(32 * (512 + lk.DECODE_STEPS)),
     ]  # fmt: skip
     assert len(seen) == 2 + 2  # two prefill shapes, and the decode run repeated reps times
+
+
+def test_a_tool_that_crashes_with_repacking_on_runs_again_without_it(monkeypatch):
+    """llama.cpp's AMX matmul segfaults on some Xeons: the tool runs again with repacking off, and later calls
+    on that file go there at once; the recorded command carries the flag."""
+    seen = []
+
+    def fake_run(cmd, max_foreign, tries=3):
+        seen.append(cmd)
+        if "--repack" not in cmd and "--no-repack" not in cmd:
+            raise lk.LlamaCppCrashed(f"{cmd[0]} crashed (signal 11) on m.gguf")
+        if "-npl" in cmd:
+            return json.dumps({"pp": 512, "tg": lk.DECODE_STEPS, "pl": 1, "t_tg": 0.32}), 0.0
+        t = int(cmd[cmd.index("-p") + 1])
+        return json.dumps([{"n_prompt": t, "n_gen": 0, "avg_ns": 1e6 * t}]), 0.0
+
+    monkeypatch.setattr(lk, "run_guarded", fake_run)
+    monkeypatch.setattr(lk, "_crashed", set())
+    pre = lk.prefill_times("llama-bench", "m.gguf", [16, 64], threads=2, reps=1, max_foreign=0.08)
+    assert [p.ms for p in pre] == [16.0, 64.0]
+    assert all(p.command.endswith("--repack 0") for p in pre)
+    assert len(seen) == 3  # one crash, then straight to the flag
+    dec = lk.decode_times(
+        "llama-batched-bench", "m.gguf", [1], context=512, threads=2, reps=2, max_foreign=0.08
+    )
+    assert dec[0].command.endswith("--no-repack") and dec[0].ms == pytest.approx(20.0)
+    assert len(seen) == 3 + 1 + 2
+
+
+def test_a_crash_is_told_from_an_error(tmp_path):
+    crash = tmp_path / "crash"
+    crash.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    crash.chmod(0o755)
+    with pytest.raises(lk.LlamaCppCrashed, match="signal 11"):
+        lk.run_guarded([str(crash), "-m", "m.gguf"], max_foreign=1.0)
+    fail = tmp_path / "fail"
+    fail.write_text("#!/bin/sh\necho bad >&2\nexit 1\n")
+    fail.chmod(0o755)
+    with pytest.raises(RuntimeError, match="failed") as info:
+        lk.run_guarded([str(fail), "-m", "m.gguf"], max_foreign=1.0)
+    assert not isinstance(info.value, lk.LlamaCppCrashed)
