@@ -158,6 +158,12 @@ def available() -> bool:
     return _level() == "full"
 
 
+def amx() -> bool:
+    """Whether the bf16 GEMMs of many rows (`gemm`, `quant_gemm`'s dequantized tiles) run on AMX tiles here:
+    an Intel Xeon from Sapphire Rapids on, with the "full" level and not SARATHI_AMX=0."""
+    return available() and bool(torch.ops.sarathi_kernels.amx_bf16_ready())
+
+
 def portable_available() -> bool:
     """Whether the kernels with an AVX2 build run here (`quant_gemm`, `quant_linear`, `quant_rows`,
     `rms_norm_f32` and the float32 fused steps, `decode_attention`, `rope_write_kv`, `decode_layers` over

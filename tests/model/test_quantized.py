@@ -72,12 +72,16 @@ def takes_dequantized_path(qtype: str, rows: int) -> bool:
 
 
 def test_int8_row_thresholds() -> None:
-    """The kernel's own table: 8-bit codes take the int8 path up to at least 32 rows on every CPU kind; the
-    other widths at least up to 4 rows (one-sequence decode) and at most 256; every row count where the int8
-    path is AVX-512 and the other the AVX2 build (the "vnni" and "avx512bw" levels). The threshold in force is
-    the table's or the machine's measured one (tests/model/test_quant_path_tuning.py), at least 4 rows."""
+    """The kernel's own table: 8-bit codes take the int8 path up to at least 32 rows on every CPU kind without
+    AMX tiles, 8 rows of every width with them (the AMX path takes over from there); the other widths at least
+    up to 4 rows (one-sequence decode) and at most 256; every row count where the int8 path is AVX-512 and the
+    other the AVX2 build (the "vnni" and "avx512bw" levels). The threshold in force is the table's or the
+    machine's measured one (tests/model/test_quant_path_tuning.py), at least 4 rows."""
     if kernels.level() in ("vnni", "avx512bw"):
         assert all(kernels.quant_int8_rows_builtin(bits) == 2**63 - 1 for bits in (4, 5, 6, 8))
+    elif kernels.amx():
+        assert all(kernels.quant_int8_rows_builtin(bits) == 8 for bits in (4, 5, 6, 8))
+        assert kernels.quant_dequant_rows(True) == kernels.quant_dequant_rows(False) == 8
     else:
         assert kernels.quant_int8_rows_builtin(8) in (32, 128, 256)
         for bits in (4, 5, 6):
@@ -251,16 +255,16 @@ def test_fused_layer_of_mixed_formats_and_its_bias() -> None:
     y = layer(x)
     assert y.dtype == torch.float32 and y.shape == (5, 3, 36)
     x2 = x.reshape(-1, cols)  # 15 rows: on AVX-512 Q5_0 on the bf16 path, Q8_0 on the int8 path
-    segments = [parts[:2], parts[2:]]
-    want = torch.cat(
-        [
-            reference_vnni(x2, quantized.unpack(merge(segment)))  # the layer passes x on as it is (float32)
-            if takes_int8_path(segment[0].qtype, 15)
-            else reference_matmul(x2, torch.cat([gguf_dequantized(p) for p in segment]))
-            for segment in segments
-        ],
-        dim=1,
-    )
+
+    def reference(segment: list[quantized.QuantizedTensor]) -> torch.Tensor:
+        if takes_int8_path(segment[0].qtype, 15):  # the layer passes x on as it is (float32)
+            return reference_vnni(x2, quantized.unpack(merge(segment)))
+        weights = torch.cat([gguf_dequantized(p) for p in segment])
+        if takes_dequantized_path(segment[0].qtype, 15):  # AMX tiles: from 8 rows
+            weights = weights.float().bfloat16()
+        return reference_matmul(x2, weights)
+
+    want = torch.cat([reference(parts[:2]), reference(parts[2:])], dim=1)
     want = want + layer.bias.double()
     assert torch.allclose(y.reshape(-1, 36).double(), want, rtol=0, atol=1e-5)
 

@@ -4,15 +4,21 @@
 // PyTorch's CPU bf16 matmuls round their output to bf16 (one more rounding per layer than this scheme's
 // floor); this kernel keeps it float32 and reads a weight laid out for VDPBF16PS, without padding K.
 //
+// On a CPU with AMX tiles (Xeon Sapphire Rapids on), from 2 rows of x and K a multiple of 32, TDPBF16PS does
+// the same products, 16 x 16 x 32 per instruction (amx_tiles.h).
+//
 // Packed weight layout: [N/16][K/2][16][2] bf16. One 64-byte load holds, for 16 output columns, the two
 // weights of one pair of input positions, which is what VDPBF16PS multiplies against a broadcast pair of x.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <immintrin.h>
+
+#include "amx_tiles.h"
 
 #include <cstdint>
 #include <cstdlib>
@@ -24,6 +30,12 @@ namespace {
 constexpr int64_t kColsPerBlock = 16;  // output columns per zmm register
 constexpr int kMaxRows = 6;           // rows of x per register tile
 constexpr int kMaxBlocks = 4;         // 16-column blocks per register tile (6 x 4 accumulators + 4 weights)
+// On AMX tiles (amx_tiles.h) a thread takes 4 blocks at a time (at K = 8,192, 1 MiB of weights: in L2 while
+// every 32 rows of x pass over it), from kAmxRows rows of x up. On a 2-core Xeon (family 6 model 167), Llama 3.2
+// 1B's MLP weights from memory, the tiles took 1.03x the time of the register tiles at 1 row (both stream the
+// weight), 0.87x at 4 rows, 0.59x at 8, 0.26x at 16 and 0.13x at 256 (1,390 GFLOP/s against 183).
+constexpr int kAmxBlocks = 4;
+constexpr int64_t kAmxRows = 2;
 
 using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t,
                         const float*, int64_t);
@@ -141,6 +153,26 @@ at::Tensor bf16_gemm(const at::Tensor& x_in, const at::Tensor& packed, int64_t n
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
   const int64_t block_stride = pairs * 2 * kColsPerBlock;
+  if (m >= kAmxRows && k % 32 == 0 && amx_bf16_ready()) {
+    at::Tensor padded = x;  // tiles read 16 rows at a time
+    if (m % 16 != 0) {
+      padded = at::zeros({(m + 15) / 16 * 16, k}, x.options());
+      padded.narrow(0, 0, m).copy_(x);
+    }
+    const auto* xa = reinterpret_cast<const uint16_t*>(padded.data_ptr<at::BFloat16>());
+    at::parallel_for(0, (blocks + kAmxBlocks - 1) / kAmxBlocks, 1, [&](int64_t t0, int64_t t1) {
+      amx_begin();
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t block0 = t * kAmxBlocks;
+        const int nb = static_cast<int>(std::min<int64_t>(kAmxBlocks, blocks - block0));
+        const int64_t col0 = block0 * kColsPerBlock, cols = std::min<int64_t>(n - col0, nb * kColsPerBlock);
+        amx_rows(xa, k, m, wp + block0 * block_stride, block_stride, nb, k / 32, yp + col0, n, cols, true);
+      }
+      amx_end();
+    });
+    if (b.defined()) y.add_(b);
+    return y;
+  }
   const int64_t col_tiles = (blocks + kMaxBlocks - 1) / kMaxBlocks;
   const auto& table = tiles();
   // Threads split the columns (each streams its own part of the weight once per pass over the rows).
@@ -162,6 +194,7 @@ at::Tensor bf16_gemm(const at::Tensor& x_in, const at::Tensor& packed, int64_t n
 
 TORCH_LIBRARY(sarathi_kernels, lib) {
   lib.def("cpu_supported() -> bool", &cpu_supported);
+  lib.def("amx_bf16_ready() -> bool", [] { return cpu_supported() && amx_bf16_ready(); });
   lib.def("bf16_gemm_pack(Tensor weight, Tensor(a!) out) -> ()", &bf16_gemm_pack);
   lib.def("bf16_gemm(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor", &bf16_gemm);
 }
