@@ -30,7 +30,9 @@ def timed_reps(
     fn: Callable[[], object], reps: int, before_each: Callable[[], object] | None = None
 ) -> tuple[list[float], float]:
     """(seconds per call of each of `reps` guarded reps, worst foreign load of the accepted ones);
-    `before_each` runs before each rep, untimed."""
+    `before_each` runs before each rep, untimed, and one untimed call after it: on a 2-core Xeon VM the first
+    1B decode step after `read_rate` (512 MiB allocated, summed and freed) took 133-164 ms, the next 70-76 ms,
+    as every step after the first of a serving engine's back-to-back iterations and of llama.cpp's runs."""
     fn()  # warm-up: oneDNN builds its kernels for a new shape on first use
     calls = max(1, int(MIN_REP_SECONDS / max(_once(fn), 1e-4)))
     per_call, worst = [], 0.0
@@ -38,6 +40,7 @@ def timed_reps(
     for _ in range(reps):
         if before_each is not None:
             before_each()
+            fn()
         for _attempt in range(5):
             busy0, own0, t0 = busy_seconds(), own_seconds(), time.perf_counter()
             for _ in range(calls):
