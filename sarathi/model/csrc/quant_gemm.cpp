@@ -350,8 +350,8 @@ constexpr int kDqChunkGroups = 16;  // at most this many groups decoded at a tim
 constexpr int64_t kDequantRowsOffsets = 48;
 constexpr int64_t kDequantRowsPlain = 96;
 // With AMX tiles (run_dequantized_amx) from half a tile of rows of x. On a 2-core Xeon (family 6 model 167),
-// Llama 3.2 1B's MLP weights from memory: 0.57x (Q4_K) and 0.56x (Q6_K) the time of rows_chunk at 16 rows,
-// 0.95x and 0.89x at 8.
+// Llama 3.2 1B's MLP weights from memory: 0.48x (Q4_K and Q6_K) the time of rows_chunk at 16 rows, 0.93x and
+// 0.83x at 8.
 constexpr int64_t kDequantRowsAmx = 8;
 int64_t dequant_rows(bool offsets) {
   static const int64_t set = [] {
@@ -899,8 +899,9 @@ CpuKind cpu_kind() {
 int64_t vnni_up_to_rows(int64_t bits) {
   static const CpuKind kind = cpu_kind();
   // With AMX tiles from kDequantRowsAmx rows: on a 2-core Xeon (family 6 model 167, AMX-BF16) the int8 path
-  // took 0.74-0.97x the time of the AMX one at 8 rows and 1.41-2.03x at 16, every format.
-  if (amx_bf16_ready()) return 8;
+  // took 0.49-0.65x the time of the AMX one at 8 rows, at 16 0.82-0.92x for 4- and 8-bit codes and 0.96-1.13x
+  // for 5- and 6-bit ones, at 32 1.25-1.86x (`python -m sarathi.model.quant_path_tuning`).
+  if (amx_bf16_ready()) return bits == 4 || bits == 8 ? 16 : 8;
   if (kind == CpuKind::kIntel) return 256;
   if (kind == CpuKind::kAmdZen5OrLater) return bits == 5 || bits == 6 ? 16 : 32;
   return bits == 8 ? 32 : 4;
