@@ -67,7 +67,11 @@ class LlamaCppCrashed(RuntimeError):
 
 
 #: Each tool's flags that turn llama.cpp's weight repacking (its AMX and repacked-layout kernels) off.
-NO_REPACK = {"llama-bench": ("--repack", "0"), "llama-batched-bench": ("--no-repack",)}
+NO_REPACK = {
+    "llama-bench": ("--repack", "0"),
+    "llama-batched-bench": ("--no-repack",),
+    "llama-server": ("--no-repack",),
+}
 _crashed: set[tuple[str, str]] = set()  # (tool, model file) that crashed with repacking on, in this process
 
 
@@ -83,6 +87,22 @@ def run_or_without_repack(cmd: list[str], max_foreign: float, log=print) -> tupl
             log(f"llama.cpp: {exc}; again with its weight repacking off ({' '.join(NO_REPACK[tool])})")
     retry = [*cmd, *NO_REPACK[tool]]
     return (*run_guarded(retry, max_foreign), retry)
+
+
+def repack_crashes(bench: Path, gguf: Path, threads: int = 2, log=print) -> bool:
+    """Whether llama.cpp crashes on ``gguf`` with its weight repacking on: one short ``llama-bench`` prefill
+    (seconds), asked once per file in this process. Servers then run with ``--no-repack``."""
+    key = ("llama-bench", str(gguf))
+    if key not in _crashed:
+        if not Path(bench).is_file():  # not built: nothing to ask
+            return False
+        cmd = [str(bench), "-m", str(gguf), "-t", str(threads), "-p", "16", "-n", "0", "-r", "1"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode >= 0:
+            return False
+        _crashed.add(key)
+        log(f"llama.cpp: llama-bench crashed (signal {-done.returncode}) on {gguf} with repacking on")
+    return True
 
 
 def run_guarded(cmd: list[str], max_foreign: float, tries: int = 3) -> tuple[str, float]:

@@ -51,6 +51,7 @@ from benchmarks.llama_cpp_build import (
     ensure_llama_cpp,
     llama_cpp_version,
 )
+from benchmarks.llama_cpp_kernels import NO_REPACK, repack_crashes
 from benchmarks.record import save_result
 from benchmarks.server import HOST, RunningServer, free_port, serve_command
 from benchmarks.serving_probes import (
@@ -127,7 +128,10 @@ def sarathi_serve_command(
 def server_command(setting: ServerSetting, port: int, model_gguf: str | Path) -> list[str]:
     """The command line of ``setting`` serving the GGUF file ``model_gguf`` on ``port``."""
     if setting.server == "llama.cpp":
-        return llama_server_command(binary("llama-server"), model_gguf, port, setting.knob)
+        cmd = llama_server_command(binary("llama-server"), model_gguf, port, setting.knob)
+        # where its AMX matmul segfaults on the file (ggml-org/llama.cpp#20824), as a user of the machine must
+        crashes = repack_crashes(binary("llama-bench"), Path(model_gguf))
+        return [*cmd, *NO_REPACK["llama-server"]] if crashes else cmd
     if setting.server == "sarathi":
         return sarathi_serve_command(port, setting.knob, model_gguf)
     raise ValueError(f"unknown server {setting.server!r}")

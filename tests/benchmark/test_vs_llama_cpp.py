@@ -214,3 +214,23 @@ def test_capacity_text_says_below_the_lowest_probe():
     assert report.capacity_text(2.828, 4.0) == "2.83"
     assert report.capacity_text(0.0, 1.0) == "<1"
     assert report.capacity_text(0.0, None) == "0"
+
+
+def test_llama_server_runs_without_repacking_where_llama_cpp_crashes_with_it(monkeypatch):
+    asked = []
+
+    def crashes(bench, gguf, threads=2, log=print):
+        asked.append(gguf)
+        return gguf.name == "amx-crash.gguf"
+
+    monkeypatch.setattr(vs, "repack_crashes", crashes)
+    setting = vs.ServerSetting("llama.cpp", 256)
+    assert vs.server_command(setting, 1, "amx-crash.gguf")[-1] == "--no-repack"
+    assert "--no-repack" not in vs.server_command(setting, 1, "w.gguf")
+    assert [p.name for p in asked] == ["amx-crash.gguf", "w.gguf"]
+
+
+def test_repack_probe_without_a_build_is_false(tmp_path):
+    from benchmarks import llama_cpp_kernels as lk
+
+    assert not lk.repack_crashes(tmp_path / "llama-bench", tmp_path / "m.gguf", log=None)
