@@ -1,6 +1,7 @@
 """Our C++ CPU kernels (AVX-512), built from source on first use:
 
-- `gemm`: bf16 GEMM with float32 accumulation and float32 output (AVX512-BF16, `csrc/bf16_gemm.cpp`).
+- `gemm`: bf16 GEMM with float32 accumulation and float32 output (AVX512-BF16, `csrc/bf16_gemm.cpp`; on
+  AMX tiles from 2 rows where the CPU has them, Intel Xeon Sapphire Rapids on: `amx()`, `csrc/amx_tiles.h`).
   PyTorch's CPU bf16 matmuls round every output to bf16; on SmolLM2 that extra rounding per layer puts the
   bf16 model's logits error ~1.3x above the floor of "bf16 GEMM inputs, float32 accumulation" (see
   `benchmarks/bf16_error_budget.py`).
@@ -18,7 +19,8 @@
 - `rope_write_kv`: RoPE on q and k and the KV-cache write of k and v, one pass over qkv (`csrc/rope_kv.cpp`;
   AVX2 build `csrc/rope_kv_avx2.cpp`).
 - `quant_gemm`: x @ W^T for a weight kept in its GGUF quantization, codes decoded to bf16 in registers,
-  float32 sums (`csrc/quant_gemm.cpp`, layout from `sarathi/model/quantized.py`).
+  float32 sums (`csrc/quant_gemm.cpp`, layout from `sarathi/model/quantized.py`; many rows on AMX tiles
+  where the CPU has them).
 - `quant_rows`: rows of such a weight dequantized to float32: a quantized token table's lookup
   (`csrc/quant_rows.cpp`).
 - `decode_layers`: consecutive Llama-family layers over decodes only, their quantized GEMVs and fused steps

@@ -73,10 +73,10 @@ def takes_dequantized_path(qtype: str, rows: int) -> bool:
 
 def test_int8_row_thresholds() -> None:
     """The kernel's own table: 8-bit codes take the int8 path up to at least 32 rows on every CPU kind without
-    AMX tiles, 8 or 16 rows of every width with them (the AMX path takes over from 8); the other widths at least
-    up to 4 rows (one-sequence decode) and at most 256; every row count where the int8 path is AVX-512 and the
-    other the AVX2 build (the "vnni" and "avx512bw" levels). The threshold in force is the table's or the
-    machine's measured one (tests/model/test_quant_path_tuning.py), at least 4 rows."""
+    AMX tiles, 8 or 16 rows of every width with them (the AMX path takes over from 8); the other widths at
+    least up to 4 rows (one-sequence decode) and at most 256; every row count where the int8 path is AVX-512
+    and the other the AVX2 build (the "vnni" and "avx512bw" levels). The threshold in force is the table's or
+    the machine's measured one (tests/model/test_quant_path_tuning.py), at least 4 rows."""
     if kernels.level() in ("vnni", "avx512bw"):
         assert all(kernels.quant_int8_rows_builtin(bits) == 2**63 - 1 for bits in (4, 5, 6, 8))
     elif kernels.amx():
