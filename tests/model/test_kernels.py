@@ -280,7 +280,7 @@ def test_amx_tiles_and_the_register_tiles_give_the_same_sums(tmp_path):
 
     w = torch.randn(100, 1536)
     x = torch.randn(37, 1536)
-    q = quantized.pack(quantized.unpack(quantized.quantize(w, "Q4_K")))
+    q = quantized.pack(quantized.unpack(quantized.quantize(w, "Q8_0")))
     torch.save({"w": w, "x": x, "q": q}, tmp_path / "case.pt")
     code = (
         "import os, torch\n"
@@ -294,7 +294,9 @@ def test_amx_tiles_and_the_register_tiles_give_the_same_sums(tmp_path):
     )
     results = []
     for setting in ("1", "0"):
-        env = {**os.environ, "SARATHI_AMX": setting, "OUT": str(tmp_path / f"out{setting}.pt")}
+        # SARATHI_DEQUANT_ROWS=1: the dequantized-tile path on the register tiles too (from 96 rows otherwise)
+        env = {**os.environ, "SARATHI_AMX": setting, "SARATHI_DEQUANT_ROWS": "1"}
+        env["OUT"] = str(tmp_path / f"out{setting}.pt")
         done = subprocess.run(
             [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
         )
