@@ -177,9 +177,14 @@ class BlockManager:
         hit = len(block_hashes)
         for g in self._global_groups:
             hit = min(hit, len(self.cached_prefix(block_hashes[:hit], g)))
-        for g in self._sliding_groups:
-            hit = self._sliding_hit(g, block_hashes, hit)
-        return hit
+        # A sliding group that shortens the hit moves every window back: check them all again at the
+        # shorter hit, until all agree (the hit only shrinks, so this ends).
+        while True:
+            before = hit
+            for g in self._sliding_groups:
+                hit = self._sliding_hit(g, block_hashes, hit)
+            if hit == before:
+                return hit
 
     def _sliding_hit(self, group: int, block_hashes: Sequence[BlockHash], most: int) -> int:
         """The largest k <= ``most`` whose window blocks (those of keys k * bs - window + 1 .. k * bs - 1)
@@ -232,6 +237,7 @@ class BlockManager:
         Cached blocks it would share (the leading run of ``block_hashes``) are not new memory; those
         that are free still leave the free pool.
         """
+        block_hashes = block_hashes[: self.blocks_needed(num_tokens)]
         cost = self._allocation_cost(num_tokens, self.prefix_hit(block_hashes), block_hashes)
         return cost <= self.num_available_blocks - self.watermark_blocks
 
@@ -241,7 +247,10 @@ class BlockManager:
         if seq_id in self._seqs:
             raise BlockManagerError(f"sequence {seq_id!r} already owns blocks; free it before allocating")
         needed = self.blocks_needed(num_tokens)
-        hit = min(self.prefix_hit(block_hashes), needed)
+        # A hit is looked for within the reservation: a sliding group's window is checked at the hit found,
+        # so a longer hit cut back to `needed` afterwards could need window blocks that are not cached.
+        block_hashes = block_hashes[:needed]
+        hit = self.prefix_hit(block_hashes)
         cost = self._allocation_cost(num_tokens, hit, block_hashes)
         if cost > self.num_available_blocks - self.watermark_blocks:
             raise BlockManagerError(

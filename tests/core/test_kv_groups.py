@@ -142,6 +142,21 @@ def test_prefix_hit_is_where_every_sliding_window_is_complete() -> None:
     assert bm.block_table("b", 1)[:8] == bm.block_table("a", 1)
 
 
+def test_a_reservation_shorter_than_the_hashes_looks_for_its_hit_within_itself() -> None:
+    # Found by the pipelined property test: a hit of 8 blocks cut back to a 3-block reservation needed sliding
+    # block 2 (token 6's window), evicted long before, and admission raised a KeyError.
+    bm = BlockManager(64, 2, 0.0, enable_caching=True, group_windows=(4, None), max_step_tokens=2)
+    hashes = _hashes(8)
+    bm.allocate("a", 16, hashes)
+    _compute(bm, "a", hashes, 16, 2)
+    bm.reset_prefix_cache()
+    assert bm.prefix_hit(hashes) == 8
+    assert bm.prefix_hit(hashes[:3]) == 0
+    assert bm.can_allocate(6, hashes)
+    assert bm.allocate("b", 6, hashes) == 0
+    assert bm.block_table("b", 1) != bm.block_table("a", 1)[:3]
+
+
 def test_scheduler_keeps_a_long_sequence_within_its_windows() -> None:
     """Driven by the sarathi scheduler: sliding tables never hold more than their quota, the pool gets
     everything back, and the sequence fits a pool that could not hold every layer's blocks."""

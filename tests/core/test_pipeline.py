@@ -76,6 +76,32 @@ def test_random_pipelined_workloads_run_to_completion(name: str, data: st.DataOb
     run_workload(build(**setup), requests, aborts, depth=depth)
 
 
+def test_two_sliding_groups_agree_on_a_prefix_hit() -> None:
+    # The example the property test above found: the second sliding group shortened the first's hit, whose
+    # window at the shorter hit was no longer cached, and admission raised a KeyError.
+    setup = {
+        "group_windows": (2, 2, None),
+        "num_blocks": 72,
+        "block_size": 2,
+        "watermark": 0.0,
+        "max_model_len": 47,
+        "token_budget": 1,
+        "max_num_seqs": 1,
+        "max_num_batched_tokens": None,
+        "chunk_schedule": None,
+        "enable_caching": True,
+    }
+    requests = [
+        Request(prompt_len=5, max_tokens=1, arrival_step=4),
+        Request(prompt_len=6, max_tokens=11, arrival_step=2),
+        Request(prompt_len=15, max_tokens=3, arrival_step=1),
+        Request(prompt_len=16, max_tokens=22, arrival_step=3),
+        Request(prompt_len=23, max_tokens=24, arrival_step=0),
+        Request(prompt_len=2, max_tokens=7, arrival_step=2),
+    ]
+    run_workload(build("vllm", **setup), requests, [], depth=1)
+
+
 @pytest.mark.parametrize("name", ["sarathi", "vllm", "simple_chunking"])
 def test_tight_caches_make_decodes_wait_for_in_flight_sequences(name: str) -> None:
     """Guard against the pipelined runs never exercising waits, preemption or in-flight aborts."""
