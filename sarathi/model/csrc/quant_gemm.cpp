@@ -847,8 +847,12 @@ struct VnniKernels {
 // thread read two streams of codes that break off at every tile's end; one tile at a time reads one unbroken
 // stream. For one row of x that is the faster (prefetch_bytes has the measurements); for 2 rows, one tile 6 KiB
 // ahead took 0.86-0.91x the time of two 2 KiB ahead (Q4_K, 16,384 x 2,048 and 2,048 x 8,192, both memory states;
-// a 1B Q4_K_M decode step of 2 sequences 0.86x); for 4 rows, one tile 2 KiB ahead took 1.32x.
-int64_t vnni_tiles_per_step(int64_t m) { return m <= 2 ? 1 : kMaxTiles; }
+// a 1B Q4_K_M decode step of 2 sequences 0.86x); for 4 rows, one tile 2 KiB ahead took 1.32x. That is AMD's
+// balance. On Intel (a 2-core Xeon, family 6 model 167, whose codes are prefetched to L2: prefetch_codes) two
+// tiles 3 KiB ahead each are the faster at every row count: 1B Q4_K_M decode steps of 1 / 2 sequences took
+// 0.92x / 0.83x the time of one tile 6 KiB ahead (benchmarks/kernel_ab, 12 alternated reps); 12 KiB ahead for
+// one tile took 1.01x, 6 KiB each for two 1.04x.
+int64_t vnni_tiles_per_step(int64_t m) { return m <= 2 && !intel_cpu() ? 1 : kMaxTiles; }
 
 template <bool DP, int BITS, int SUB, bool SC, bool MIN>
 void run_vnni(const QuantizedRows& x, int64_t m, const Weight& w, float* y, int64_t ldy, int64_t n) {
