@@ -122,14 +122,20 @@ def test_dropped_sliding_blocks_stay_cached_until_evicted() -> None:
     assert bm.block_table("b", 0)[4:] == [bm.cached_prefix(hashes, 0)[i] for i in (4, 5)]
 
 
-def test_prefix_hit_is_where_every_sliding_window_is_complete() -> None:
+def _running_with_a_cold_cache() -> tuple[BlockManager, list[BlockHash]]:
+    """Sequence "a" (8 blocks of 2 tokens, sliding window 4) computed and still running: it holds every global
+    block and sliding blocks 5..7 (the window of token 14, its last step's first); sliding blocks 0..4 were
+    freed with their content, and a cold cache forgot them."""
     bm = BlockManager(64, 2, 0.0, enable_caching=True, group_windows=(4, None), max_step_tokens=2)
     hashes = _hashes(8)
     bm.allocate("a", 16, hashes)
     _compute(bm, "a", hashes, 16, 2)
-    # "a" still runs: it holds every global block and sliding blocks 5..7 (the window of token 14, its last
-    # step's first); sliding blocks 0..4 are free with their content, and a cold cache forgets them.
     bm.reset_prefix_cache()
+    return bm, hashes
+
+
+def test_prefix_hit_is_where_every_sliding_window_is_complete() -> None:
+    bm, hashes = _running_with_a_cold_cache()
     assert bm.prefix_hit(hashes) == 8  # token 16's window (13..15): blocks 6 and 7
     assert bm.prefix_hit(hashes[:7]) == 7  # token 14's window (11..13): blocks 5 and 6
     # Six blocks would need sliding block 4 (token 12 sees 9..11), shorter prefixes earlier ones: none left.
@@ -145,11 +151,7 @@ def test_prefix_hit_is_where_every_sliding_window_is_complete() -> None:
 def test_a_reservation_shorter_than_the_hashes_looks_for_its_hit_within_itself() -> None:
     # Found by the pipelined property test: a hit of 8 blocks cut back to a 3-block reservation needed sliding
     # block 2 (token 6's window), evicted long before, and admission raised a KeyError.
-    bm = BlockManager(64, 2, 0.0, enable_caching=True, group_windows=(4, None), max_step_tokens=2)
-    hashes = _hashes(8)
-    bm.allocate("a", 16, hashes)
-    _compute(bm, "a", hashes, 16, 2)
-    bm.reset_prefix_cache()
+    bm, hashes = _running_with_a_cold_cache()
     assert bm.prefix_hit(hashes) == 8
     assert bm.prefix_hit(hashes[:3]) == 0
     assert bm.can_allocate(6, hashes)
