@@ -7,12 +7,14 @@ for k-quants) and, for the formats with offsets, m = dm (* mc). `unpack` splits 
 parts; `pack` lays them out for the kernel. Both are lossless: `dequantize(unpack(...))` equals the `gguf`
 package's dequantization (to float32 rounding of k-quant offsets, which we keep exact).
 
-Four types ride in a wider layout, because their values are exactly values that layout holds: Q3_K (codes
+IQ4_NL and IQ4_XS store 4-bit indices into a table of 16 int8 values (IQ4_XS with a signed 6-bit multiplier
+per 32 on a super-block scale). They keep the 4-bit layout of their indices; the kernels look the values up
+where they read them (code kind `IQ4_CODES`), so they are held in the file's bytes.
+
+Two types ride in a wider layout, because their values are exactly values that layout holds: Q3_K (codes
 -4..3, a signed 6-bit multiplier per 16 weights) and Q2_K (codes 0..3, 4-bit multipliers of a scale and of an
-offset per 16) in the 4-bit one, with sub-blocks of 16; IQ4_NL and IQ4_XS (4-bit indices into a table of 16
-int8 values; IQ4_XS with a signed 6-bit multiplier per 32) in the 8-bit one, the table's values as codes.
-Their weights are the file's, multiplied by the 4- and 8-bit kernels, at `WIDENED[type][1]` times the file's
-bytes.
+offset per 16) in the 4-bit one, with sub-blocks of 16. Their weights are the file's, multiplied by the 4-bit
+kernels, at `WIDENED[type][1]` times the file's bytes.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from sarathi.model import huge_pages
 
 GROUP = 32  # input positions per code group of the kernel layout
 TILE = 16  # output columns per kernel tile
+IQ4_CODES = 40  # the kernels' code kind for 4-bit indices into IQ4_TABLE (csrc/quant_layout.h: kIq4Codes)
+IQ4_TABLE = np.array(gguf.quants.IQ4_NL.kvalues, dtype=np.int8)
 
 
 @dataclass(frozen=True)
@@ -34,12 +38,18 @@ class QuantFormat:
     """How one GGUF type stores its weights (see the module docstring)."""
 
     name: str
-    bits: int  # code width in the kernel's layout (Q2_K's, Q3_K's and IQ4's codes are held wider: docstring)
+    bits: int  # code width in the kernel's layout (Q2_K's and Q3_K's codes are held wider: docstring)
     sub: int  # weights per sub-block (one scale)
     zero: int  # z: code value of weight 0 (signed 8-bit codes are stored as q - z already)
     sub_scales: bool  # k-quants: an integer multiplier per sub-block on a per-super-block scale
     offsets: bool  # m term present
     block: int  # weights per file block (a super-block for k-quants)
+    table: bool = False  # codes are indices into IQ4_TABLE
+
+    @property
+    def code_kind(self) -> int:
+        """The kernels' name for these codes: the width, or IQ4_CODES for table indices."""
+        return IQ4_CODES if self.table else self.bits
 
 
 FORMATS: dict[str, QuantFormat] = {
@@ -55,19 +65,16 @@ FORMATS: dict[str, QuantFormat] = {
         QuantFormat("Q6_K", 6, 16, 32, True, False, 256),
         QuantFormat("Q3_K", 4, 16, 4, True, False, 256),
         QuantFormat("Q2_K", 4, 16, 0, True, True, 256),
-        QuantFormat("IQ4_NL", 8, 32, 0, False, False, 32),
-        QuantFormat("IQ4_XS", 8, 32, 0, True, False, 256),
+        QuantFormat("IQ4_NL", 4, 32, 0, False, False, 32, table=True),
+        QuantFormat("IQ4_XS", 4, 32, 0, True, False, 256, table=True),
     )
 }
 
 # the types held in a wider layout: its code width, and the served bytes over the file's (per 256 weights:
-# Q3_K 110 bytes against 146 as 4-bit codes with a multiplier per 16, Q2_K 84 against 164 with its offsets;
-# per 32, IQ4_NL 18 against 34 as 8-bit codes; per 256, IQ4_XS 136 against 266)
+# Q3_K 110 bytes against 146 as 4-bit codes with a multiplier per 16, Q2_K 84 against 164 with its offsets)
 WIDENED: dict[str, tuple[str, float]] = {
     "Q3_K": ("4-bit", (128 + 16 + 2) / 110),
     "Q2_K": ("4-bit", (128 + 16 + 16 + 2 + 2) / 84),
-    "IQ4_NL": ("8-bit", 34 / 18),
-    "IQ4_XS": ("8-bit", (256 + 2 + 8) / 136),
 }
 
 
@@ -127,7 +134,7 @@ class Unpacked:
     """A quantized tensor split into codes and scales (numpy, row-major per weight row)."""
 
     fmt: QuantFormat
-    codes: np.ndarray  # uint8 [rows, cols] codes q; int8 q - z for 8-bit formats
+    codes: np.ndarray  # uint8 [rows, cols] codes q (IQ4: table indices); int8 q - z for 8-bit formats
     d: np.ndarray  # float16 [rows, blocks]
     dm: np.ndarray | None  # float16 [rows, blocks]: offset scale (negated for k-quants' "- dmin * m")
     sc: np.ndarray | None  # int8 [rows, sub-blocks]
@@ -225,10 +232,9 @@ def unpack(t: QuantizedTensor) -> Unpacked:
     elif fmt.name == "Q2_K":
         codes, d, dm = _two_bit_codes(b[:, 16:80]), half(80), -half(82)
         sc, mc = (b[:, :16] & 0x0F).astype(np.int8), b[:, :16] >> 4
-    elif fmt.name in ("IQ4_NL", "IQ4_XS"):
-        table = np.array(gguf.quants.IQ4_NL.kvalues, dtype=np.int8).view(np.uint8)
+    elif fmt.table:
         start = 2 if fmt.name == "IQ4_NL" else 8
-        d, codes = half(0), table[_nibbles(b[:, start:], 16)]
+        d, codes = half(0), _nibbles(b[:, start:], 16)
         if fmt.name == "IQ4_XS":
             sc = _iq4_xs_scales(b[:, 2:8])
     else:  # pragma: no cover - FORMATS lists what is handled here
@@ -248,7 +254,10 @@ def dequantize(u: Unpacked) -> torch.Tensor:
     """The float32 weights [rows, cols] (float64 arithmetic, so exact before the final rounding)."""
     fmt = u.fmt
     rows, cols = u.codes.shape
-    signed = u.codes.view(np.int8) if fmt.bits == 8 else u.codes.astype(np.int16) - fmt.zero
+    if fmt.table:
+        signed = IQ4_TABLE[u.codes]
+    else:
+        signed = u.codes.view(np.int8) if fmt.bits == 8 else u.codes.astype(np.int16) - fmt.zero
     q = signed.astype(np.float64)
     subs_per_block = fmt.block // fmt.sub
     scale = np.repeat(u.d.astype(np.float64), subs_per_block, axis=1)
@@ -269,7 +278,7 @@ class PackedQuant:
 
     rows: int
     cols: int
-    bits: int
+    bits: int  # the code kind (QuantFormat.code_kind)
     sub: int
     zero: int
     codes: torch.Tensor  # uint8 [tiles, cols / 32, group bytes]
@@ -333,7 +342,7 @@ def pack(u: Unpacked) -> PackedQuant:
     return PackedQuant(
         rows,
         cols,
-        fmt.bits,
+        fmt.code_kind,
         fmt.sub,
         fmt.zero,
         packed,

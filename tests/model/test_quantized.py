@@ -88,6 +88,9 @@ def test_int8_row_thresholds() -> None:
             assert 4 <= kernels.quant_int8_rows_builtin(bits) <= 256
     for bits in (4, 5, 6, 8):
         assert kernels.quant_int8_rows(bits) >= 4
+    # IQ4's table indices share the 4-bit codes' threshold (decoded the same way, a lookup more)
+    assert kernels.quant_int8_rows(quantized.IQ4_CODES) == kernels.quant_int8_rows(4)
+    assert kernels.quant_int8_rows_builtin(quantized.IQ4_CODES) == kernels.quant_int8_rows_builtin(4)
     for op in (kernels.quant_int8_rows, kernels.quant_int8_rows_builtin):
         with pytest.raises(RuntimeError, match="unsupported code width"):
             op(3)

@@ -1,10 +1,10 @@
-"""GGUF types held in a wider layout (Q2_K and Q3_K in the 4-bit one, IQ4_NL and IQ4_XS in the 8-bit one; see
-sarathi/model/quantized.py), served from a whole file: the embedded SmolLM2's GGUF with six layers
+"""GGUF types held in a wider layout (Q2_K and Q3_K in the 4-bit one) or as table indices (IQ4_NL and IQ4_XS;
+see sarathi/model/quantized.py), served from a whole file: the embedded SmolLM2's GGUF with six layers
 re-encoded the way llama-quantize's Q2_K, Q3_K_M and IQ4_XS files mix them where 576 columns do not fill
 256-weight blocks (IQ4_NL for those, Q3_K, IQ4_XS and Q2_K for the down projections). Logits against our
 float32 model on the same file's dequantized weights (which matches transformers fp32 within 3e-4:
 test_model_vs_hf) within the quantization contract, in every chunking; each layer's weights resident at the
-stated multiple of the file's bytes."""
+stated multiple of the file's bytes (IQ4's: the file's own bytes)."""
 
 from __future__ import annotations
 
@@ -103,7 +103,21 @@ def test_widened_weights_take_the_stated_multiple_of_the_file_bytes(served, mixe
     assert down.quantized_formats == ["Q3_K"]
     stated = WIDENED["Q3_K"][1] * file_bytes["blk.0.ffn_down.weight"]
     assert abs(down.weight_bytes - stated) <= 0.05 * stated
-    for layer, qtype in ((1, "IQ4_XS"), (2, "Q2_K")):
-        down = model.layers[layer].mlp.down_proj
-        stated = WIDENED[qtype][1] * file_bytes[f"blk.{layer}.ffn_down.weight"]
-        assert abs(down.weight_bytes - stated) <= 0.05 * stated
+    down = model.layers[2].mlp.down_proj
+    stated = WIDENED["Q2_K"][1] * file_bytes["blk.2.ffn_down.weight"]
+    assert abs(down.weight_bytes - stated) <= 0.05 * stated
+
+
+def test_iq4_weights_take_the_file_bytes(served, mixed_file) -> None:
+    """IQ4_XS's and IQ4_NL's indices are kept as 4 bits (looked up in the kernels): the resident bytes are the
+    file's (the output rows here fill whole tiles of 16), but for IQ4_XS's 6-bit sub-block multipliers, held
+    as bytes: 138 bytes per 256 weights against the file's 136."""
+    model, _ = served
+    file_bytes = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(mixed_file).tensors}
+    down = model.layers[1].mlp.down_proj
+    assert down.quantized_formats == ["IQ4_XS"]
+    assert down.weight_bytes * 136 == file_bytes["blk.1.ffn_down.weight"] * 138
+    attn = model.layers[0].self_attn
+    for proj, parts in ((attn.qkv_proj, ("attn_q", "attn_k", "attn_v")), (attn.o_proj, ("attn_output",))):
+        assert set(proj.quantized_formats) == {"IQ4_NL"}
+        assert proj.weight_bytes == sum(file_bytes[f"blk.0.{part}.weight"] for part in parts)

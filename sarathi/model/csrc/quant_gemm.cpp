@@ -1,6 +1,6 @@
 // y[M, N] (float32) = x[M, K] (bf16 or float32) @ W[N, K]^T for a weight kept in a GGUF
-// quantization (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; Q2_K's and Q3_K's codes held as 4-bit ones
-// with sub-blocks of 16, IQ4_NL's and IQ4_XS's table values as 8-bit ones), never dequantized in memory.
+// quantization (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; Q2_K's and Q3_K's codes held as
+// 4-bit ones with sub-blocks of 16), never dequantized in memory.
 //
 // Every such format stores, per sub-block of 16 or 32 weights of a row, small integer codes q and scales:
 //     w = s * (q - z) + m,   s = d (* sc),   m = dm (* mc)
@@ -32,6 +32,8 @@
 //   6-bit: 384 bytes; byte b of row r (r < 4) = quad r's code | bits 4-5 of quad (r + 4)'s code << 6; rows 4
 //          and 5 = the low nibbles of quads 4 | 5 << 4 and 6 | 7 << 4 (bit planes took twice the instructions)
 //   8-bit: the 8 quads, 512 bytes, each code q - z + 128 (unsigned).
+//   IQ4 (kIq4Codes): the 4-bit layout of the table indices; a byte shuffle per quad makes the values + 128,
+//          after which the int8 path multiplies them as 8-bit codes, and the bf16 paths look the values up.
 // Scales: d, dm float16 [tiles, super-blocks, 16]; sc int8 and mc uint8 [tiles, sub-blocks, 16].
 
 #include <ATen/core/Tensor.h>
@@ -82,11 +84,16 @@ constexpr int kWideMaxRows = 2;
 // 4 and 8 sequences 0.99x and 0.97x, prefill of 16 tokens 0.99x).
 constexpr int64_t prefetch_bytes(int streams) { return streams == 1 ? 6144 : 3072; }
 
-// Quad r of a group's codes: 64 unsigned bytes, byte 4c + i = code of column c at position 4r + i.
+// Quad r of a group's codes: 64 unsigned bytes, byte 4c + i = code of column c at position 4r + i (IQ4's:
+// the table's value + 128, as 8-bit codes are stored).
 template <int BITS>
 __attribute__((target("avx512f,avx512bw"))) inline __m512i quad_codes(const uint8_t* codes, int r) {
   if constexpr (BITS == 8) {
     return _mm512_loadu_si512(codes + 64 * r);
+  } else if constexpr (BITS == kIq4Codes) {
+    const __m512i table = _mm512_broadcast_i32x4(_mm_xor_si128(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values)), _mm_set1_epi8(static_cast<char>(0x80))));
+    return _mm512_shuffle_epi8(table, quad_codes<4>(codes, r));
   } else if constexpr (BITS == 6) {
     const __m512i whole = _mm512_loadu_si512(codes + 64 * (r & 3));
     if (r < 4) return _mm512_and_si512(whole, _mm512_set1_epi8(0x3F));
@@ -118,7 +125,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void decode_group(
   const __m512i pick0 = _mm512_broadcast_i32x4(_mm_setr_epi8(0, -1, 1, -1, 4, -1, 5, -1, 8, -1, 9, -1, 12, -1, 13, -1));
   const __m512i pick1 = _mm512_broadcast_i32x4(_mm_setr_epi8(2, -1, 3, -1, 6, -1, 7, -1, 10, -1, 11, -1, 14, -1, 15, -1));
   for (int r = 0; r < kQuads; ++r) {
-    const __m512i q = quad_codes<BITS>(codes, r);
+    const __m512i q = quad_codes<BITS == kIq4Codes ? 4 : BITS>(codes, r);  // IQ4: indices into `lut`
     for (int h = 0; h < 2; ++h) {
       const __m512i idx = _mm512_shuffle_epi8(q, h ? pick1 : pick0);  // codes, pair 2r + h
       __m512i w;
@@ -275,12 +282,13 @@ inline const uint8_t* codes_ahead(const Weight& w, int64_t tile0, int step, int 
   return w.codes + (tile0 + j + (next ? step : 0)) * tile_bytes + (next ? at - tile_bytes : at);
 }
 
-// The bf16 values q - z of every 6-bit code q (decode_group's table): exact, the top 16 bits of the float.
+// The bf16 values q - z of every 6-bit code q (decode_group's table), or IQ4's table values: exact, the top
+// 16 bits of the float.
 struct CodeValues {
   uint16_t values[64];
-  explicit CodeValues(int zero) {
+  CodeValues(int bits, int zero) {
     for (int i = 0; i < 64; ++i) {
-      const float v = static_cast<float>(i - zero);
+      const float v = bits == kIq4Codes ? (i < 16 ? kIq4Values[i] : 0.0f) : static_cast<float>(i - zero);
       uint32_t bitsv;
       std::memcpy(&bitsv, &v, 4);
       values[i] = static_cast<uint16_t>(bitsv >> 16);
@@ -305,7 +313,7 @@ template <int BITS, int SUB, bool SC, bool MIN>
 void run(const int32_t* x, int64_t m, int64_t k, const float* xsum, const Weight& w, float* y, int64_t ldy,
          int64_t n) {
   static const TileTable<RowsFn, kMaxRows, RowsKernels<SUB, SC, MIN>> table;
-  const CodeValues lut(w.zero);
+  const CodeValues lut(BITS, w.zero);
   const int64_t tiles = (n + kCols - 1) / kCols, ldx_pairs = k / 2, ldsum = k / SUB;
   const int64_t tile_stride = kChunkGroups * kPairs * 32;
   const int64_t tile_groups = (tiles + kMaxTiles - 1) / kMaxTiles;
@@ -454,7 +462,7 @@ struct DequantizedTable {
 template <int BITS, int SUB, bool SC, bool MIN>
 void run_dequantized(const int32_t* x, int64_t m, int64_t k, const Weight& w, float* y, int64_t ldy, int64_t n) {
   static const DequantizedTable table;
-  const CodeValues lut(w.zero);
+  const CodeValues lut(BITS, w.zero);
   const int64_t tiles = (n + kCols - 1) / kCols, ldx_pairs = k / 2;
   // chunks of equal size (a short last chunk costs a pass over every row of y for little work)
   const int64_t chunks = (w.groups + kDqChunkGroups - 1) / kDqChunkGroups;
@@ -492,7 +500,7 @@ constexpr int kAmxChunkGroups = 64;
 
 template <int BITS, int SUB, bool SC, bool MIN>
 void run_dequantized_amx(const uint16_t* x, int64_t m, int64_t k, const Weight& w, float* y, int64_t ldy, int64_t n) {
-  const CodeValues lut(w.zero);
+  const CodeValues lut(BITS, w.zero);
   const int64_t tiles = (n + kCols - 1) / kCols;
   const int64_t chunks = (w.groups + kAmxChunkGroups - 1) / kAmxChunkGroups;
   const int64_t chunk_groups = (w.groups + chunks - 1) / chunks;
@@ -639,7 +647,7 @@ __attribute__((target("avx512f,avx512bw"))) void vnni_tiles(const QuantizedRows&
   constexpr int64_t subs_per_super = kSubsPerSuper<SUB, SC>;
   constexpr int64_t bytes = group_bytes(BITS);
   const int64_t ldb = x.k / kGroup;
-  const int32_t zero = BITS == 8 ? 128 : w.zero;
+  const int32_t zero = byte_valued(BITS) ? 128 : w.zero;
   __mmask16 mask[NB];
   column_masks<NB>(cols, mask);
   __m512 acc[MR][NB];
@@ -958,7 +966,8 @@ namespace {
 std::atomic<int64_t> g_int8_rows_set[4] = {-1, -1, -1, -1};
 
 int width_index(int64_t bits, const char* op) {
-  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, op, ": unsupported code width ", bits);
+  TORCH_CHECK(known_code_kind(bits), op, ": unsupported code width ", bits);
+  bits = threshold_width(bits);
   return bits == 8 ? 3 : static_cast<int>(bits) - 4;
 }
 
@@ -969,8 +978,8 @@ int64_t quant_int8_rows_builtin(int64_t bits) {
   width_index(bits, "quant_int8_rows_builtin");
   // asked once: quant_gemm calls this on every product
   static const bool avx512 = cpu_supported();
-  if (avx512) return vnni_up_to_rows(bits);
-  return int8_isa() != Int8Isa::kAvx2 ? kEveryRow : int8_up_to_rows_avx2(bits);
+  if (avx512) return vnni_up_to_rows(threshold_width(bits));
+  return int8_isa() != Int8Isa::kAvx2 ? kEveryRow : int8_up_to_rows_avx2(threshold_width(bits));
 }
 
 // Rows of x up to which quant_gemm multiplies x in two int8 terms in this process (more rows: bf16 x on the
@@ -997,7 +1006,7 @@ void quant_gemm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tenso
   TORCH_CHECK(out.dim() == 2 && out.scalar_type() == at::kFloat && out.stride(1) == 1 && out.size(0) == x_in.size(0),
               "quant_gemm: out must be float32 [M, N] with unit column stride");
   TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == at::kByte && codes.is_contiguous(), "quant_gemm: bad codes");
-  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "quant_gemm: unsupported code width ", bits);
+  TORCH_CHECK(known_code_kind(bits), "quant_gemm: unsupported code width ", bits);
   TORCH_CHECK(codes.size(2) == group_bytes(static_cast<int>(bits)), "quant_gemm: codes do not match ", bits, " bits");
   const int64_t m = x_in.size(0), k = x_in.size(1), n = out.size(1);
   TORCH_CHECK(k == codes.size(1) * kGroup, "quant_gemm: x has ", k, " features, the weight ", codes.size(1) * kGroup);

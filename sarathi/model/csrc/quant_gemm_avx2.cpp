@@ -129,13 +129,22 @@ inline __m256i plane_bit(__m256i plane, int r, int to) {
   return _mm256_and_si256(moved, _mm256_set1_epi8(static_cast<char>(1 << to)));
 }
 
+// IQ4's table (quant_layout.h) in both 128-bit lanes, as signed bytes or as unsigned ones (value + 128).
+inline __m256i iq4_table(bool plus128) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values));
+  return _mm256_broadcastsi128_si256(plus128 ? _mm_xor_si128(t, _mm_set1_epi8(static_cast<char>(0x80))) : t);
+}
+
 // Half h (columns 8h..8h+7) of quad r of a group's codes: 32 bytes, byte 4c + i = code at position 4r + i.
-// 8-bit codes come back as signed bytes q - z (stored + 128); narrower ones as unsigned codes.
+// 8-bit codes come back as signed bytes q - z (stored + 128), IQ4's as the table's signed values; narrower
+// ones as unsigned codes.
 template <int BITS>
 inline __m256i quad_half(const uint8_t* codes, int r, int h) {
   if constexpr (BITS == 8) {
     return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * r + 32 * h)),
                             _mm256_set1_epi8(static_cast<char>(0x80)));
+  } else if constexpr (BITS == kIq4Codes) {
+    return _mm256_shuffle_epi8(iq4_table(false), quad_half<4>(codes, r, h));
   } else if constexpr (BITS == 6) {  // the layout in quant_gemm.cpp's header
     const __m256i whole = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * (r & 3) + 32 * h));
     if (r < 4) return _mm256_and_si256(whole, _mm256_set1_epi8(0x3F));
@@ -152,11 +161,11 @@ inline __m256i quad_half(const uint8_t* codes, int r, int h) {
   }
 }
 
-// Codes times x over 4 positions per column as int16 pair sums (VPMADDUBSW). 8-bit codes are signed: |u|
-// times x with u's sign.
+// Codes times x over 4 positions per column as int16 pair sums (VPMADDUBSW). 8-bit codes (and IQ4's values)
+// are signed: |u| times x with u's sign.
 template <int BITS>
 inline __m256i pairs(__m256i u, __m256i x) {
-  if constexpr (BITS == 8) return _mm256_maddubs_epi16(_mm256_abs_epi8(u), _mm256_sign_epi8(x, u));
+  if constexpr (byte_valued(BITS)) return _mm256_maddubs_epi16(_mm256_abs_epi8(u), _mm256_sign_epi8(x, u));
   return _mm256_maddubs_epi16(u, x);
 }
 
@@ -169,7 +178,7 @@ inline __m256i pairs(__m256i u, __m256i x) {
 inline void hold(__m256i& v) { asm("" : "+x"(v)); }
 
 template <int BITS>
-constexpr int kQuadsPerFlush = BITS == 4 ? 8 : BITS == 5 ? 4 : BITS == 6 ? 2 : 1;
+constexpr int kQuadsPerFlush = BITS == 4 ? 8 : BITS == 5 ? 4 : BITS == 6 ? 2 : 1;  // IQ4's values: 1, as 8-bit
 
 inline __m256 halves8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 inline __m256 bytes8(const int8_t* p) {
@@ -227,7 +236,7 @@ void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, int h0, fl
   constexpr int kFlush = std::min(kQuadsPerFlush<BITS>, kQuadsPerSub);  // a sub-block's sums widen by its end
   constexpr int64_t subs_per_super = kSubsPerSuper<SUB, SC>;
   const int64_t bytes = group_bytes(BITS), ldb = x.k / kGroup, ldsub = x.k / SUB;
-  const int32_t zero = BITS == 8 ? 0 : w.zero;
+  const int32_t zero = byte_valued(BITS) ? 0 : w.zero;
   // Every loop over the register tile is unrolled: GCC keeps arrays of vectors in registers only when each
   // index is a constant (otherwise it spills them to the stack on every iteration).
   __m256 acc[MR][NH];
@@ -295,12 +304,12 @@ void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, int h0, fl
 // AVX2 path of a Zen5 (SARATHI_KERNELS=avx2) Q8_0 at 8 / 16 / 32 rows took 0.77 / 0.72 / 0.71x the int8
 // terms' time; narrower codes, whose int16 pair sums already add up over several quads, took 1.1-1.25x (kept
 // on the int8 terms). One row stays there too: its time is the memory's.
-template <int MR, int SUB, bool SC, bool MIN>
+template <int BITS, int MR, int SUB, bool SC, bool MIN>
 void tile_rows_wide(const int16_t* x16, const QuantizedRows& x, const Weight& w, int64_t tile, float* y, int64_t ldy,
                     int64_t cols) {
   constexpr int kSubsPerGroup = kGroup / SUB, kQuadsPerSub = SUB / 4;
   constexpr int64_t subs_per_super = kSubsPerSuper<SUB, SC>;
-  constexpr int64_t bytes = group_bytes(8);
+  constexpr int64_t bytes = group_bytes(BITS);
   const int64_t ldb = x.k / kGroup, ldsub = x.k / SUB;
   __m256 acc[MR][2];
 #pragma GCC unroll 2
@@ -321,7 +330,9 @@ void tile_rows_wide(const int16_t* x16, const QuantizedRows& x, const Weight& w,
 #pragma GCC unroll 8
         for (int t = 0; t < kQuadsPerSub; ++t) {
           const int r = s * kQuadsPerSub + t;
-          const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * r + 32 * h));
+          // the stored q - z + 128, or IQ4's value + 128
+          const __m256i u = BITS == 8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * r + 32 * h))
+                                      : _mm256_shuffle_epi8(iq4_table(true), quad_half<4>(codes, r, h));
           const __m256i c0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(u));
           const __m256i c1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(u, 1));
 #pragma GCC unroll 2
@@ -364,14 +375,14 @@ const int16_t* joined_terms(const QuantizedRows& x, int64_t m) {
 template <int BITS, int SUB, bool SC, bool MIN>
 void run(const QuantizedRows& x, int64_t m, const Weight& w, float* y, int64_t ldy, int64_t n) {
   const int64_t tiles = (n + kCols - 1) / kCols;
-  const int16_t* x16 = BITS == 8 && m > 1 ? joined_terms(x, m) : nullptr;
+  const int16_t* x16 = byte_valued(BITS) && m > 1 ? joined_terms(x, m) : nullptr;
   // claims of ~64 KiB of codes, the rest taken by whichever thread runs out first (parallel_ranges.h)
   const int64_t grain = std::max<int64_t>(1, (64 << 10) / (w.groups * group_bytes(BITS)));
   parallel_stealing(tiles, grain, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t col0 = t * kCols, cols = std::min<int64_t>(kCols, n - col0);
       int64_t r = 0;
-      if constexpr (BITS != 8) {  // 8-bit codes from 2 rows: tile_rows_wide
+      if constexpr (!byte_valued(BITS)) {  // 8-bit codes (IQ4's values) from 2 rows: tile_rows_wide
         constexpr int kHalfRows = BITS == 4 ? 4 : 3;
         for (; m - r >= kHalfRows; r += kHalfRows)  // the tile's codes stay in L1/L2 across row tiles
           for (int h = 0; h < 2 && 8 * h < cols; ++h)
@@ -380,12 +391,12 @@ void run(const QuantizedRows& x, int64_t m, const Weight& w, float* y, int64_t l
       for (; r < m; r += kMaxRows) {
         const QuantizedRows xr = x.rows_from(r);
         float* yr = y + r * ldy + col0;
-        if constexpr (BITS == 8) {
+        if constexpr (byte_valued(BITS)) {
           if (x16 != nullptr) {
             if (m - r >= 2)
-              tile_rows_wide<2, SUB, SC, MIN>(x16 + r * x.k, xr, w, t, yr, ldy, cols);
+              tile_rows_wide<BITS, 2, SUB, SC, MIN>(x16 + r * x.k, xr, w, t, yr, ldy, cols);
             else
-              tile_rows_wide<1, SUB, SC, MIN>(x16 + r * x.k, xr, w, t, yr, ldy, cols);
+              tile_rows_wide<BITS, 1, SUB, SC, MIN>(x16 + r * x.k, xr, w, t, yr, ldy, cols);
             continue;
           }
         }
@@ -417,7 +428,7 @@ void dequantize_chunk(const Weight& w, int64_t tile, int64_t g0, int ng, float* 
   constexpr int kSubsPerGroup = kGroup / SUB, kQuadsPerSub = SUB / 4;
   constexpr int64_t subs_per_super = kSubsPerSuper<SUB, SC>;
   const int64_t bytes = group_bytes(BITS);
-  const __m256 zero = _mm256_set1_ps(BITS == 8 ? 0.0f : static_cast<float>(w.zero));
+  const __m256 zero = _mm256_set1_ps(byte_valued(BITS) ? 0.0f : static_cast<float>(w.zero));
   alignas(32) uint8_t t[32];
   for (int g = 0; g < ng; ++g) {
     const uint8_t* codes = w.codes + (tile * w.groups + g0 + g) * bytes;
@@ -432,7 +443,7 @@ void dequantize_chunk(const Weight& w, int64_t tile, int64_t g0, int ng, float* 
 #pragma GCC unroll 4
           for (int p = 0; p < 4; ++p) {
             const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(t + 8 * p));
-            const __m256i v = BITS == 8 ? _mm256_cvtepi8_epi32(eight) : _mm256_cvtepu8_epi32(eight);
+            const __m256i v = byte_valued(BITS) ? _mm256_cvtepi8_epi32(eight) : _mm256_cvtepu8_epi32(eight);
             const __m256 value = _mm256_sub_ps(_mm256_cvtepi32_ps(v), zero);  // q - z, exact
             _mm256_store_ps(out + (g * kGroup + 4 * r + p) * kCols + 8 * h, _mm256_fmadd_ps(value, scale, shift));
           }

@@ -18,7 +18,21 @@ constexpr int kQuads = kGroup / 4;  // 4-position quads per group
 constexpr int kFineShift = 8;       // x's second int8 term has 2^8 steps per step of its first
 constexpr int kFine = 1 << kFineShift;
 
-constexpr int group_bytes(int bits) { return bits == 8 ? 512 : 256 + (bits - 4) * 64; }
+// IQ4_NL's and IQ4_XS's codes: 4-bit indices into a table of 16 int8 values (kIq4Values), laid out as 4-bit
+// codes are and turned into the values by a byte shuffle where they are read. Passed as a code width (`bits`),
+// it names the code kind to every kernel; kernels that multiply bytes treat the looked-up values as they do
+// 8-bit codes (byte_valued).
+constexpr int kIq4Codes = 40;
+// ggml's kvalues_iq4nl (the `gguf` package's IQ4_NL.kvalues: tests/model/test_quantized.py compares the kernels
+// against its dequantization)
+constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+constexpr bool byte_valued(int bits) { return bits == 8 || bits == kIq4Codes; }
+// The code width whose row threshold a code kind shares (IQ4's: the 4-bit one, decoded like them)
+constexpr int64_t threshold_width(int64_t bits) { return bits == kIq4Codes ? 4 : bits; }
+constexpr bool known_code_kind(int64_t bits) { return bits == 4 || bits == 5 || bits == 6 || bits == 8 || bits == kIq4Codes; }
+
+constexpr int group_bytes(int bits) { return bits == 8 ? 512 : bits == kIq4Codes ? 256 : 256 + (bits - 4) * 64; }
 
 // Whether this is an Intel CPU, where code streams are prefetched into L2 rather than non-temporally
 // (prefetch_codes).
@@ -96,8 +110,9 @@ bool with_format(int key, F&& f) {
     case 4163: f.template operator()<4, 16, true, true>(); return true;    // Q2_K
     case 5320: f.template operator()<5, 32, false, false>(); return true;  // Q5_0
     case 5321: f.template operator()<5, 32, false, true>(); return true;   // Q5_1
-    case 8320: f.template operator()<8, 32, false, false>(); return true;  // Q8_0, IQ4_NL
-    case 8322: f.template operator()<8, 32, true, false>(); return true;   // IQ4_XS
+    case 8320: f.template operator()<8, 32, false, false>(); return true;  // Q8_0
+    case 40320: f.template operator()<kIq4Codes, 32, false, false>(); return true;  // IQ4_NL
+    case 40322: f.template operator()<kIq4Codes, 32, true, false>(); return true;   // IQ4_XS
     case 4323: f.template operator()<4, 32, true, true>(); return true;    // Q4_K
     case 5323: f.template operator()<5, 32, true, true>(); return true;    // Q5_K
     case 6162: f.template operator()<6, 16, true, false>(); return true;   // Q6_K

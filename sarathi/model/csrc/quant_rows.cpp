@@ -18,7 +18,7 @@
 namespace sarathi_kernels {
 namespace {
 
-// The code of column c at position p (< 32) of one group, as the integer q - z.
+// The code of column c at position p (< 32) of one group, as the integer q - z (IQ4's: the table's value).
 inline int code_at(const uint8_t* group, int bits, int zero, int c, int p) {
   const int r = p / 4, j = 4 * c + p % 4;
   if (bits == 8) return static_cast<int8_t>(group[64 * r + j] ^ 0x80);
@@ -29,6 +29,7 @@ inline int code_at(const uint8_t* group, int bits, int zero, int c, int p) {
   }
   const uint8_t low = group[64 * (r & 3) + j];
   int v = r < 4 ? (low & 0x0F) : (low >> 4);
+  if (bits == kIq4Codes) return kIq4Values[v];
   if (bits == 5) v |= ((group[256 + j] >> r) & 1) << 4;
   return v - zero;
 }
@@ -41,7 +42,7 @@ inline int code_at(const uint8_t* group, int bits, int zero, int c, int p) {
 at::Tensor quant_rows(const at::Tensor& ids_in, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& sc,
                       const at::Tensor& dm, const at::Tensor& mc, int64_t rows, int64_t bits, int64_t sub,
                       int64_t zero) {
-  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "quant_rows: unsupported code width ", bits);
+  TORCH_CHECK(known_code_kind(bits), "quant_rows: unsupported code width ", bits);
   TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == at::kByte && codes.is_contiguous() &&
                   codes.size(2) == group_bytes(static_cast<int>(bits)),
               "quant_rows: bad codes");
