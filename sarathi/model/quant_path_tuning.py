@@ -1,4 +1,5 @@
-"""quant_gemm's int8-path threshold per code width, timed on this machine.
+"""quant_gemm's int8-path threshold per code width (and for IQ4's table indices, code kind 40), timed on this
+machine.
 
 `quant_gemm` has two paths, both over exactly the file's codes: up to `kernels.quant_int8_rows(bits)` rows of
 x it multiplies x in two int8 terms (VPDPBUSD; VPMADDUBSW on the AVX2 builds), more rows decode each chunk of
@@ -52,8 +53,15 @@ from sarathi.model.embedded import cache_root
 
 logger = logging.getLogger(__name__)
 
-#: The formats timed for each code width (the widths the kernel's threshold is kept by).
-WIDTH_FORMATS = {4: ("Q4_0", "Q4_1", "Q4_K"), 5: ("Q5_0", "Q5_K"), 6: ("Q6_K",), 8: ("Q8_0",)}
+#: The formats timed for each code width (the widths the kernel's threshold is kept by; IQ4's table indices
+#: are a kind of their own: decoded as 4-bit codes, multiplied as 8-bit ones on the AVX2 build).
+WIDTH_FORMATS = {
+    4: ("Q4_0", "Q4_1", "Q4_K"),
+    5: ("Q5_0", "Q5_K"),
+    6: ("Q6_K",),
+    8: ("Q8_0",),
+    quantized.IQ4_CODES: ("IQ4_NL", "IQ4_XS"),
+}
 #: Llama 3.2 1B's MLP: the up projection (outputs, inputs) and the down projection.
 SHAPES = {"up": (8192, 2048), "down": (2048, 8192)}
 ROW_STEPS = (8, 16, 32, 64, 128, 256)

@@ -62,7 +62,7 @@ def gguf_dequantized(t: quantized.QuantizedTensor) -> torch.Tensor:
 def takes_int8_path(qtype: str, rows: int) -> bool:
     """Whether the kernel multiplies `rows` rows of x in two int8 terms in this process (the machine's
     measured threshold for the code width once a quantized model is loaded, else the kernel's table)."""
-    return rows <= kernels.quant_int8_rows(quantized.FORMATS[qtype].bits)
+    return rows <= kernels.quant_int8_rows(quantized.FORMATS[qtype].code_kind)
 
 
 def takes_dequantized_path(qtype: str, rows: int) -> bool:
@@ -88,9 +88,11 @@ def test_int8_row_thresholds() -> None:
             assert 4 <= kernels.quant_int8_rows_builtin(bits) <= 256
     for bits in (4, 5, 6, 8):
         assert kernels.quant_int8_rows(bits) >= 4
-    # IQ4's table indices share the 4-bit codes' threshold (decoded the same way, a lookup more)
-    assert kernels.quant_int8_rows(quantized.IQ4_CODES) == kernels.quant_int8_rows(4)
-    assert kernels.quant_int8_rows_builtin(quantized.IQ4_CODES) == kernels.quant_int8_rows_builtin(4)
+    # IQ4's table indices: a threshold of their own, built in as the 4-bit codes' on the AVX-512 build (both
+    # paths decode them so) and as the 8-bit codes' on the AVX2 build (its int8 path multiplies them so)
+    assert kernels.quant_int8_rows(quantized.IQ4_CODES) >= 4
+    like = 4 if kernels.available() else 8
+    assert kernels.quant_int8_rows_builtin(quantized.IQ4_CODES) == kernels.quant_int8_rows_builtin(like)
     for op in (kernels.quant_int8_rows, kernels.quant_int8_rows_builtin):
         with pytest.raises(RuntimeError, match="unsupported code width"):
             op(3)

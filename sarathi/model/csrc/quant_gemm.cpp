@@ -962,24 +962,27 @@ Int8Isa int8_isa() {
 
 namespace {
 
-// Per code width (4, 5, 6, 8 bits), the threshold set with set_quant_int8_rows; -1: the built-in one.
-std::atomic<int64_t> g_int8_rows_set[4] = {-1, -1, -1, -1};
+// Per code kind (4, 5, 6, 8 bits, IQ4's indices), the threshold set with set_quant_int8_rows; -1: the built-in
+// one.
+std::atomic<int64_t> g_int8_rows_set[5] = {-1, -1, -1, -1, -1};
 
 int width_index(int64_t bits, const char* op) {
   TORCH_CHECK(known_code_kind(bits), op, ": unsupported code width ", bits);
-  bits = threshold_width(bits);
-  return bits == 8 ? 3 : static_cast<int>(bits) - 4;
+  return bits == kIq4Codes ? 4 : bits == 8 ? 3 : static_cast<int>(bits) - 4;
 }
 
 }  // namespace
 
-// The threshold the kernel carries for this CPU kind (the tables above), for codes of `bits` bits.
+// The threshold the kernel carries for this CPU kind (the tables above), for codes of `bits` bits. IQ4's indices
+// take the 4-bit codes' on the AVX-512 build, where both paths decode them as 4-bit codes (a byte shuffle more
+// on the int8 path), and the 8-bit codes' on the AVX2 build, whose int8 path multiplies them as 8-bit codes
+// (int8_up_to_rows_avx2).
 int64_t quant_int8_rows_builtin(int64_t bits) {
   width_index(bits, "quant_int8_rows_builtin");
   // asked once: quant_gemm calls this on every product
   static const bool avx512 = cpu_supported();
-  if (avx512) return vnni_up_to_rows(threshold_width(bits));
-  return int8_isa() != Int8Isa::kAvx2 ? kEveryRow : int8_up_to_rows_avx2(threshold_width(bits));
+  if (avx512) return vnni_up_to_rows(bits == kIq4Codes ? 4 : bits);
+  return int8_isa() != Int8Isa::kAvx2 ? kEveryRow : int8_up_to_rows_avx2(bits);
 }
 
 // Rows of x up to which quant_gemm multiplies x in two int8 terms in this process (more rows: bf16 x on the

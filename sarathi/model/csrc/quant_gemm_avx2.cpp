@@ -512,8 +512,8 @@ void run_float(const float* x, int64_t ldx, int64_t m, const Weight& w, float* y
 
 }  // namespace
 
-int64_t int8_up_to_rows_avx2(int64_t bits) {
-  return bits == 4 ? kInt8UpToRows4 : bits == 8 ? kInt8UpToRows8 : kInt8UpToRowsWider;
+int64_t int8_up_to_rows_avx2(int64_t bits) {  // IQ4's values are multiplied as 8-bit codes are (tile_rows_wide)
+  return bits == 4 ? kInt8UpToRows4 : byte_valued(static_cast<int>(bits)) ? kInt8UpToRows8 : kInt8UpToRowsWider;
 }
 
 bool cpu_supports_avx2() {

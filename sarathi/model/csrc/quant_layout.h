@@ -28,8 +28,6 @@ constexpr int kIq4Codes = 40;
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 constexpr bool byte_valued(int bits) { return bits == 8 || bits == kIq4Codes; }
-// The code width whose row threshold a code kind shares (IQ4's: the 4-bit one, decoded like them)
-constexpr int64_t threshold_width(int64_t bits) { return bits == kIq4Codes ? 4 : bits; }
 constexpr bool known_code_kind(int64_t bits) { return bits == 4 || bits == 5 || bits == 6 || bits == 8 || bits == kIq4Codes; }
 
 constexpr int group_bytes(int bits) { return bits == 8 ? 512 : bits == kIq4Codes ? 256 : 256 + (bits - 4) * 64; }
