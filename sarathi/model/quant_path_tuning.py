@@ -61,6 +61,8 @@ WIDTH_FORMATS = {
     6: ("Q6_K",),
     8: ("Q8_0",),
     quantized.IQ4_CODES: ("IQ4_NL", "IQ4_XS"),
+    3: ("Q3_K",),
+    2: ("Q2_K",),
 }
 #: Llama 3.2 1B's MLP: the up projection (outputs, inputs) and the down projection.
 SHAPES = {"up": (8192, 2048), "down": (2048, 8192)}
@@ -84,10 +86,11 @@ def random_weight(qtype: str, rows: int, cols: int) -> quantized.PackedQuant:
     def halves() -> np.ndarray:
         return rng.uniform(1e-4, 1e-3, n).astype(np.float16).view(np.uint8).reshape(n, 2)
 
-    d_offset = 208 if qtype == "Q6_K" else 0
+    # where each type keeps its float16 scale (and offset scale)
+    d_offset = {"Q6_K": 208, "Q3_K": 108, "Q2_K": 80}.get(qtype, 0)
     raw[:, d_offset : d_offset + 2] = halves()
     if quantized.FORMATS[qtype].offsets:
-        raw[:, 2:4] = halves()
+        raw[:, d_offset + 2 : d_offset + 4] = halves()
     t = quantized.QuantizedTensor(qtype, rows, cols, torch.from_numpy(raw.reshape(rows, -1)))
     return quantized.pack(quantized.unpack(t))
 

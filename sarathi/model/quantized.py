@@ -11,10 +11,9 @@ IQ4_NL and IQ4_XS store 4-bit indices into a table of 16 int8 values (IQ4_XS wit
 per 32 on a super-block scale). They keep the 4-bit layout of their indices; the kernels look the values up
 where they read them (code kind `IQ4_CODES`), so they are held in the file's bytes.
 
-Two types ride in a wider layout, because their values are exactly values that layout holds: Q3_K (codes
--4..3, a signed 6-bit multiplier per 16 weights) and Q2_K (codes 0..3, 4-bit multipliers of a scale and of an
-offset per 16) in the 4-bit one, with sub-blocks of 16. Their weights are the file's, multiplied by the 4-bit
-kernels, at `WIDENED[type][1]` times the file's bytes.
+Q3_K (codes -4..3, held as q + 4 in 3 bits, a signed 6-bit multiplier per 16 weights) and Q2_K (codes 0..3,
+4-bit multipliers of a scale and of an offset per 16) keep their code widths, with sub-blocks of 16; their
+multipliers are held as bytes, so their weights take `WIDENED[type][1]` times the file's bytes.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ class QuantFormat:
     """How one GGUF type stores its weights (see the module docstring)."""
 
     name: str
-    bits: int  # code width in the kernel's layout (Q2_K's and Q3_K's codes are held wider: docstring)
+    bits: int  # code width in the kernel's layout
     sub: int  # weights per sub-block (one scale)
     zero: int  # z: code value of weight 0 (signed 8-bit codes are stored as q - z already)
     sub_scales: bool  # k-quants: an integer multiplier per sub-block on a per-super-block scale
@@ -63,18 +62,19 @@ FORMATS: dict[str, QuantFormat] = {
         QuantFormat("Q4_K", 4, 32, 0, True, True, 256),
         QuantFormat("Q5_K", 5, 32, 0, True, True, 256),
         QuantFormat("Q6_K", 6, 16, 32, True, False, 256),
-        QuantFormat("Q3_K", 4, 16, 4, True, False, 256),
-        QuantFormat("Q2_K", 4, 16, 0, True, True, 256),
+        QuantFormat("Q3_K", 3, 16, 4, True, False, 256),
+        QuantFormat("Q2_K", 2, 16, 0, True, True, 256),
         QuantFormat("IQ4_NL", 4, 32, 0, False, False, 32, table=True),
         QuantFormat("IQ4_XS", 4, 32, 0, True, False, 256, table=True),
     )
 }
 
-# the types held in a wider layout: its code width, and the served bytes over the file's (per 256 weights:
-# Q3_K 110 bytes against 146 as 4-bit codes with a multiplier per 16, Q2_K 84 against 164 with its offsets)
+# the types held in more than the file's bytes: their layout, and the served bytes over the file's (per 256
+# weights: Q3_K 110 bytes against 114 with its 6-bit multipliers as bytes, Q2_K 84 against 100 with its 4-bit
+# ones as bytes)
 WIDENED: dict[str, tuple[str, float]] = {
-    "Q3_K": ("4-bit", (128 + 16 + 2) / 110),
-    "Q2_K": ("4-bit", (128 + 16 + 16 + 2 + 2) / 84),
+    "Q3_K": ("3-bit", (96 + 16 + 2) / 110),
+    "Q2_K": ("2-bit", (64 + 16 + 16 + 2 + 2) / 84),
 }
 
 
@@ -317,6 +317,15 @@ def pack(u: Unpacked) -> PackedQuant:
     groups = (tiles, cols // GROUP, -1)
     if fmt.bits == 8:
         parts = [quads.reshape(groups)]
+    elif fmt.bits < 4:
+        # rows 0-1: quads 4h .. 4h + 3's two low bits, quad 4h + j's at bits 2j, 2j + 1; then (3-bit codes) a
+        # 64-byte plane whose bit r is bit 2 of quad r
+        two = quads & 3
+        rows2 = two[:, :, 0::4] | (two[:, :, 1::4] << 2) | (two[:, :, 2::4] << 4) | (two[:, :, 3::4] << 6)
+        parts = [rows2.reshape(groups)]
+        if fmt.bits == 3:
+            plane = np.packbits((quads >> 2) & 1, axis=2, bitorder="little")
+            parts.append(plane.reshape(groups))
     elif fmt.bits == 6:
         # rows 0-3: quad r's whole code, bits 4-5 of quad r + 4's in its top two bits; rows 4-5: the low
         # nibbles of quads 4 | 5 << 4 and 6 | 7 << 4. One instruction per quad for quads 0-3, three or four

@@ -1,6 +1,6 @@
 // y[M, N] (float32) = x[M, K] (bf16 or float32) @ W[N, K]^T for a weight kept in a GGUF
-// quantization (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; Q2_K's and Q3_K's codes held as
-// 4-bit ones with sub-blocks of 16), never dequantized in memory.
+// quantization (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, Q3_K and Q2_K, the last two with
+// sub-blocks of 16), never dequantized in memory.
 //
 // Every such format stores, per sub-block of 16 or 32 weights of a row, small integer codes q and scales:
 //     w = s * (q - z) + m,   s = d (* sc),   m = dm (* mc)
@@ -29,6 +29,8 @@
 // 4r + i (the operand VPDPBUSD multiplies against four broadcast int8 activations).
 //   4-bit: 256 bytes; byte b of row r (r < 4) = quad r's code | quad (r + 4)'s code << 4
 //   5-bit: those 256 bytes, then a 64-byte plane whose bit r of byte b = bit 4 of quad r's code b
+//   2-bit: 128 bytes; byte b of row h (h < 2) = the codes b of quads 4h .. 4h + 3, quad 4h + j's at bits 2j, 2j + 1
+//   3-bit: those 128 bytes, then a 64-byte plane whose bit r of byte b = bit 2 of quad r's code b
 //   6-bit: 384 bytes; byte b of row r (r < 4) = quad r's code | bits 4-5 of quad (r + 4)'s code << 6; rows 4
 //          and 5 = the low nibbles of quads 4 | 5 << 4 and 6 | 7 << 4 (bit planes took twice the instructions)
 //   8-bit: the 8 quads, 512 bytes, each code q - z + 128 (unsigned).
@@ -94,6 +96,15 @@ __attribute__((target("avx512f,avx512bw"))) inline __m512i quad_codes(const uint
     const __m512i table = _mm512_broadcast_i32x4(_mm_xor_si128(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values)), _mm_set1_epi8(static_cast<char>(0x80))));
     return _mm512_shuffle_epi8(table, quad_codes<4>(codes, r));
+  } else if constexpr (BITS < 4) {
+    // a 16-bit shift: the two bits kept in each byte come from that byte (the shift is below 8)
+    const __m512i packed = _mm512_loadu_si512(codes + 64 * (r / 4));
+    __m512i q = _mm512_and_si512(_mm512_srli_epi16(packed, 2 * (r % 4)), _mm512_set1_epi8(3));
+    if constexpr (BITS == 3) {
+      const __mmask64 hi = _mm512_test_epi8_mask(_mm512_loadu_si512(codes + 128), _mm512_set1_epi8(static_cast<char>(1 << r)));
+      q = _mm512_mask_add_epi8(q, hi, q, _mm512_set1_epi8(4));
+    }
+    return q;
   } else if constexpr (BITS == 6) {
     const __m512i whole = _mm512_loadu_si512(codes + 64 * (r & 3));
     if (r < 4) return _mm512_and_si512(whole, _mm512_set1_epi8(0x3F));
@@ -913,7 +924,8 @@ int64_t vnni_up_to_rows(int64_t bits) {
   // With AMX tiles from kDequantRowsAmx rows: on a 2-core Xeon (family 6 model 167, AMX-BF16) the int8 path
   // took 0.49-0.65x the time of the AMX one at 8 rows, at 16 0.82-0.92x for 4- and 8-bit codes and 0.96-1.13x
   // for 5- and 6-bit ones, at 32 1.25-1.86x (`python -m sarathi.model.quant_path_tuning`).
-  if (amx_bf16_ready()) return bits == 4 || bits == 8 ? 16 : 8;
+  // 2- and 3-bit codes (Q2_K's, Q3_K's) as 4-bit ones, measured as such before they had layouts of their own
+  if (amx_bf16_ready()) return bits <= 4 || bits == 8 ? 16 : 8;
   if (kind == CpuKind::kIntel) return 256;
   if (kind == CpuKind::kAmdZen5OrLater) return bits == 5 || bits == 6 ? 16 : 32;
   return bits == 8 ? 32 : 4;
@@ -962,13 +974,13 @@ Int8Isa int8_isa() {
 
 namespace {
 
-// Per code kind (4, 5, 6, 8 bits, IQ4's indices), the threshold set with set_quant_int8_rows; -1: the built-in
-// one.
-std::atomic<int64_t> g_int8_rows_set[5] = {-1, -1, -1, -1, -1};
+// Per code kind (4, 5, 6, 8 bits, IQ4's indices, 2 and 3 bits), the threshold set with set_quant_int8_rows; -1:
+// the built-in one.
+std::atomic<int64_t> g_int8_rows_set[7] = {-1, -1, -1, -1, -1, -1, -1};
 
 int width_index(int64_t bits, const char* op) {
   TORCH_CHECK(known_code_kind(bits), op, ": unsupported code width ", bits);
-  return bits == kIq4Codes ? 4 : bits == 8 ? 3 : static_cast<int>(bits) - 4;
+  return bits == kIq4Codes ? 4 : bits == 8 ? 3 : bits < 4 ? static_cast<int>(bits) + 3 : static_cast<int>(bits) - 4;
 }
 
 }  // namespace

@@ -145,6 +145,12 @@ inline __m256i quad_half(const uint8_t* codes, int r, int h) {
                             _mm256_set1_epi8(static_cast<char>(0x80)));
   } else if constexpr (BITS == kIq4Codes) {
     return _mm256_shuffle_epi8(iq4_table(false), quad_half<4>(codes, r, h));
+  } else if constexpr (BITS < 4) {  // the 2-bit rows (and the 3-bit plane), quant_gemm.cpp's header
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * (r / 4) + 32 * h));
+    __m256i q = _mm256_and_si256(_mm256_srli_epi16(packed, 2 * (r % 4)), _mm256_set1_epi8(3));
+    if constexpr (BITS == 3)
+      q = _mm256_or_si256(q, plane_bit(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 128 + 32 * h)), r, 2));
+    return q;
   } else if constexpr (BITS == 6) {  // the layout in quant_gemm.cpp's header
     const __m256i whole = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * (r & 3) + 32 * h));
     if (r < 4) return _mm256_and_si256(whole, _mm256_set1_epi8(0x3F));
@@ -178,7 +184,7 @@ inline __m256i pairs(__m256i u, __m256i x) {
 inline void hold(__m256i& v) { asm("" : "+x"(v)); }
 
 template <int BITS>
-constexpr int kQuadsPerFlush = BITS == 4 ? 8 : BITS == 5 ? 4 : BITS == 6 ? 2 : 1;  // IQ4's values: 1, as 8-bit
+constexpr int kQuadsPerFlush = BITS <= 4 ? 8 : BITS == 5 ? 4 : BITS == 6 ? 2 : 1;  // IQ4's values: 1, as 8-bit
 
 inline __m256 halves8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 inline __m256 bytes8(const int8_t* p) {
@@ -383,7 +389,7 @@ void run(const QuantizedRows& x, int64_t m, const Weight& w, float* y, int64_t l
       const int64_t col0 = t * kCols, cols = std::min<int64_t>(kCols, n - col0);
       int64_t r = 0;
       if constexpr (!byte_valued(BITS)) {  // 8-bit codes (IQ4's values) from 2 rows: tile_rows_wide
-        constexpr int kHalfRows = BITS == 4 ? 4 : 3;
+        constexpr int kHalfRows = BITS <= 4 ? 4 : 3;
         for (; m - r >= kHalfRows; r += kHalfRows)  // the tile's codes stay in L1/L2 across row tiles
           for (int h = 0; h < 2 && 8 * h < cols; ++h)
             tile_rows<BITS, kHalfRows, 1, SUB, SC, MIN>(x.rows_from(r), w, t, h, y + r * ldy + col0, ldy, cols);
@@ -513,7 +519,7 @@ void run_float(const float* x, int64_t ldx, int64_t m, const Weight& w, float* y
 }  // namespace
 
 int64_t int8_up_to_rows_avx2(int64_t bits) {  // IQ4's values are multiplied as 8-bit codes are (tile_rows_wide)
-  return bits == 4 ? kInt8UpToRows4 : byte_valued(static_cast<int>(bits)) ? kInt8UpToRows8 : kInt8UpToRowsWider;
+  return bits <= 4 ? kInt8UpToRows4 : byte_valued(static_cast<int>(bits)) ? kInt8UpToRows8 : kInt8UpToRowsWider;
 }
 
 bool cpu_supports_avx2() {

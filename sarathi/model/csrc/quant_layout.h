@@ -28,9 +28,12 @@ constexpr int kIq4Codes = 40;
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 constexpr bool byte_valued(int bits) { return bits == 8 || bits == kIq4Codes; }
-constexpr bool known_code_kind(int64_t bits) { return bits == 4 || bits == 5 || bits == 6 || bits == 8 || bits == kIq4Codes; }
+constexpr bool known_code_kind(int64_t bits) {
+  return (bits >= 2 && bits <= 6) || bits == 8 || bits == kIq4Codes;
+}
 
-constexpr int group_bytes(int bits) { return bits == 8 ? 512 : bits == kIq4Codes ? 256 : 256 + (bits - 4) * 64; }
+// 2- to 6-bit codes: 256 bytes of 4-bit codes or 128 of 2-bit ones, and a 64-byte plane per bit past them
+constexpr int group_bytes(int bits) { return bits == 8 ? 512 : bits == kIq4Codes ? 256 : bits < 4 ? 128 + (bits - 2) * 64 : 256 + (bits - 4) * 64; }
 
 // Whether this is an Intel CPU, where code streams are prefetched into L2 rather than non-temporally
 // (prefetch_codes).
@@ -104,8 +107,8 @@ bool with_format(int key, F&& f) {
   switch (key) {
     case 4320: f.template operator()<4, 32, false, false>(); return true;  // Q4_0
     case 4321: f.template operator()<4, 32, false, true>(); return true;   // Q4_1
-    case 4162: f.template operator()<4, 16, true, false>(); return true;   // Q3_K
-    case 4163: f.template operator()<4, 16, true, true>(); return true;    // Q2_K
+    case 3162: f.template operator()<3, 16, true, false>(); return true;   // Q3_K
+    case 2163: f.template operator()<2, 16, true, true>(); return true;    // Q2_K
     case 5320: f.template operator()<5, 32, false, false>(); return true;  // Q5_0
     case 5321: f.template operator()<5, 32, false, true>(); return true;   // Q5_1
     case 8320: f.template operator()<8, 32, false, false>(); return true;  // Q8_0

@@ -22,6 +22,11 @@ namespace {
 inline int code_at(const uint8_t* group, int bits, int zero, int c, int p) {
   const int r = p / 4, j = 4 * c + p % 4;
   if (bits == 8) return static_cast<int8_t>(group[64 * r + j] ^ 0x80);
+  if (bits < 4) {
+    int v = (group[64 * (r / 4) + j] >> (2 * (r % 4))) & 3;
+    if (bits == 3) v |= ((group[128 + j] >> r) & 1) << 2;
+    return v - zero;
+  }
   if (bits == 6) {
     if (r < 4) return (group[64 * r + j] & 0x3F) - zero;
     const uint8_t nibbles = group[256 + 64 * ((r - 4) / 2) + j];
