@@ -22,8 +22,8 @@ PRECISIONS = {
 }
 QUANTIZED = ("Q4_1", "Q8_0", "Q4_K_M")  # GGUF files of the embedded weights; Q4_1 is the one shipped
 # more llama-quantize types, run on request: Q5_K_M (Q5_K, Q6_K), Q3_K_M (Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_XS
-# (IQ4_XS, Q5_K, Q6_K), Q2_K (Q2_K, Q3_K, Q4_K, Q6_K); Q2_K and Q3_K are served in the 4-bit layout, IQ4's
-# indices as they are (sarathi/model/quantized.py)
+# (IQ4_XS, Q5_K, Q6_K), Q2_K (Q2_K, Q3_K, Q4_K, Q6_K); all served in their own code widths
+# (sarathi/model/quantized.py)
 MORE_QUANTIZED = ("Q5_K_M", "Q3_K_M", "IQ4_XS", "Q2_K")
 DEFAULT_PRECISIONS = "float32,bfloat16,bf16-math,Q4_1"
 GEMMA = "gemma3-270m"

@@ -1,4 +1,4 @@
-"""GGUF types held in a wider layout (Q2_K and Q3_K in the 4-bit one) or as table indices (IQ4_NL and IQ4_XS;
+"""GGUF types with sub-blocks of 16 (Q2_K and Q3_K, as 2- and 3-bit codes) or table indices (IQ4_NL, IQ4_XS;
 see sarathi/model/quantized.py), served from a whole file: the embedded SmolLM2's GGUF with six layers
 re-encoded the way llama-quantize's Q2_K, Q3_K_M and IQ4_XS files mix them where 576 columns do not fill
 256-weight blocks (IQ4_NL for those, Q3_K, IQ4_XS and Q2_K for the down projections). Logits against our
