@@ -870,7 +870,8 @@ struct VnniKernels {
 // balance. On Intel (a 2-core Xeon, family 6 model 167, whose codes are prefetched to L2: prefetch_codes) two
 // tiles 3 KiB ahead each are the faster at every row count: 1B Q4_K_M decode steps of 1 / 2 sequences took
 // 0.92x / 0.83x the time of one tile 6 KiB ahead (benchmarks/kernel_ab, 12 alternated reps); 12 KiB ahead for
-// one tile took 1.01x, 6 KiB each for two 1.04x.
+// one tile took 1.01x, 6 KiB each for two 1.04x. On a Zen5 (family 26 model 2) Intel's balance loses: two tiles
+// at 1 / 2 rows took 1.14x / 1.11x the time of one, and with the T1 hint too 1.22x / 1.13x (same benchmark).
 int64_t vnni_tiles_per_step(int64_t m) { return m <= 2 && !intel_cpu() ? 1 : kMaxTiles; }
 
 template <bool DP, int BITS, int SUB, bool SC, bool MIN>
@@ -916,18 +917,21 @@ CpuKind cpu_kind() {
 // - AMD Zen5: 4- and 8-bit 32, 5- and 6-bit 16 (`--thresholds`, every format of a width no slower on the
 //   int8 path: 0.76-0.99x the bf16 path's time at 8-16 rows, 0.94-1.00x at 32 for 4- and 8-bit codes;
 //   1.03-1.30x from 64 rows since the bf16 path's sums run in 16 chains, 1.04-1.29x from 32 for 5- and
-//   6-bit codes).
+//   6-bit codes). 2- and 3-bit codes and IQ4's indices 8: their int8 path decodes more per byte (Q3_K's high
+//   bits, Q2_K's 2-bit fields, IQ4's table), 0.82-1.03x the bf16 path's time at 8 rows and 0.94-1.32x at 16,
+//   where 4-bit codes took 0.86-0.98x (two `quant_path_tuning --again` runs, a Zen5 family 26 model 2).
 // - Intel with AVX512-BF16 (measured on an Emerald Rapids, family 6 model 207): every width up to 256 rows,
 //   the most measured (0.41-0.78x the bf16 path's time at 5-256 rows, 6-bit codes included).
 int64_t vnni_up_to_rows(int64_t bits) {
   static const CpuKind kind = cpu_kind();
+  if (kind == CpuKind::kAmdZen5OrLater) return bits < 4 || bits == kIq4Codes ? 8 : bits == 5 || bits == 6 ? 16 : 32;
+  if (bits == kIq4Codes) bits = 4;  // decoded as 4-bit codes on both paths, and timed as such elsewhere
   // With AMX tiles from kDequantRowsAmx rows: on a 2-core Xeon (family 6 model 167, AMX-BF16) the int8 path
   // took 0.49-0.65x the time of the AMX one at 8 rows, at 16 0.82-0.92x for 4- and 8-bit codes and 0.96-1.13x
   // for 5- and 6-bit ones, at 32 1.25-1.86x (`python -m sarathi.model.quant_path_tuning`).
   // 2- and 3-bit codes (Q2_K's, Q3_K's) as 4-bit ones, measured as such before they had layouts of their own
   if (amx_bf16_ready()) return bits <= 4 || bits == 8 ? 16 : 8;
   if (kind == CpuKind::kIntel) return 256;
-  if (kind == CpuKind::kAmdZen5OrLater) return bits == 5 || bits == 6 ? 16 : 32;
   return bits == 8 ? 32 : 4;
 }
 
@@ -986,14 +990,14 @@ int width_index(int64_t bits, const char* op) {
 }  // namespace
 
 // The threshold the kernel carries for this CPU kind (the tables above), for codes of `bits` bits. IQ4's indices
-// take the 4-bit codes' on the AVX-512 build, where both paths decode them as 4-bit codes (a byte shuffle more
-// on the int8 path), and the 8-bit codes' on the AVX2 build, whose int8 path multiplies them as 8-bit codes
-// (int8_up_to_rows_avx2).
+// take the 4-bit codes' on the AVX-512 build (a Zen5 excepted: vnni_up_to_rows), where both paths decode them as
+// 4-bit codes (a byte shuffle more on the int8 path), and the 8-bit codes' on the AVX2 build, whose int8 path
+// multiplies them as 8-bit codes (int8_up_to_rows_avx2).
 int64_t quant_int8_rows_builtin(int64_t bits) {
   width_index(bits, "quant_int8_rows_builtin");
   // asked once: quant_gemm calls this on every product
   static const bool avx512 = cpu_supported();
-  if (avx512) return vnni_up_to_rows(bits == kIq4Codes ? 4 : bits);
+  if (avx512) return vnni_up_to_rows(bits);
   return int8_isa() != Int8Isa::kAvx2 ? kEveryRow : int8_up_to_rows_avx2(bits);
 }
 

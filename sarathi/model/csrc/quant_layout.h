@@ -45,13 +45,14 @@ inline bool intel_cpu() {
   return intel;
 }
 
-// Prefetches the cache lines of the `bytes` codes that lie `ahead` bytes past `codes` (a prefetch never
-// faults, so past the weight's end is harmless). On AMD CPUs non-temporally: codes are read once a step, and a
-// step's ~800 MB streamed in the usual way evicted what the next kernels need (1B Q4_K_M decode 0.965x the
-// time, Zen5). On Intel CPUs into L2 (T1): on a 2-core Xeon (family 6 model 167) the non-temporal hint made one
-// row of x over Llama 3.2 1B's MLP weights from memory slower than no prefetch at all, at every kernel level:
-// Q4_K / Q6_K 1.65 / 2.25 ms against 0.54 / 0.83 ms with T1 ("full"), 1.60 / 2.17 against 0.60 / 0.77
-// ("vnni"), 1.58 / 1.98 against 0.67 / 0.93 ("avx2"); without prefetching 1.02 / 1.49 ("full").
+// Prefetches the cache lines of the `bytes` codes that lie `ahead` bytes past `codes` (a prefetch never faults, so
+// past the weight's end is harmless). On AMD CPUs non-temporally: codes are read once a step, and a step's ~800 MB
+// streamed in the usual way evicted what the next kernels need (1B Q4_K_M decode 0.965x the time, Zen5; the T1 hint
+// there 1.03x at 1 and 2 sequences, benchmarks/kernel_ab). On Intel CPUs into L2 (T1): on a 2-core Xeon (family 6
+// model 167) the non-temporal hint made one row of x over Llama 3.2 1B's MLP weights from memory slower than no
+// prefetch at all, at every kernel level: Q4_K / Q6_K 1.65 / 2.25 ms against 0.54 / 0.83 ms with T1 ("full"), 1.60
+// / 2.17 against 0.60 / 0.77 ("vnni"), 1.58 / 1.98 against 0.67 / 0.93 ("avx2"); without prefetching 1.02 / 1.49
+// ("full").
 inline void prefetch_codes(const uint8_t* codes, int64_t bytes, int64_t ahead) {
   const char* p = reinterpret_cast<const char*>(codes) + ahead;
   if (intel_cpu()) {
