@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 
 from sarathi.config import EngineConfig
+from sarathi.model import shm_all_reduce
+from sarathi.model.shm_all_reduce import SharedMemoryAllReduce
 
 
 def even_split(total: int, parts: int, index: int) -> tuple[int, int]:
@@ -126,11 +128,17 @@ class TensorParallelGroup:
     """Sum all-reduce across the TP ranks of one pipeline stage.
 
     With size 1 it is a no-op that never touches torch.distributed. `group=None` with size > 1 is a model
-    built without processes (to inspect its weights): running it raises.
+    built without processes (to inspect its weights): running it raises. With `shared` (ranks on one
+    host, sarathi/model/shm_all_reduce.py) float32 sums go through shared memory, the rest through gloo.
     """
 
-    def __init__(self, group: dist.ProcessGroup | None = None, size: int = 1) -> None:
-        self.group, self.size = group, size
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None = None,
+        size: int = 1,
+        shared: SharedMemoryAllReduce | None = None,
+    ) -> None:
+        self.group, self.size, self.shared = group, size, shared
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum `tensor` across the group in place; returns it."""
@@ -138,8 +146,16 @@ class TensorParallelGroup:
             return tensor
         if self.group is None:
             raise RuntimeError(f"a model sharded over {self.size} TP ranks needs a tp_group to run")
+        if self.shared is not None and tensor.dtype == torch.float32:
+            return self.shared.all_reduce(tensor)
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
         return tensor
+
+    def close(self) -> None:
+        """Release the shared-memory segment, if any."""
+        if self.shared is not None:
+            self.shared.close()
+            self.shared = None
 
 
 @dataclass
@@ -185,18 +201,24 @@ class ParallelContext:
     def destroy(self) -> None:
         """Finish pending sends and tear down the process groups (no-op in a single process)."""
         self.wait_sends()
+        self.tp_group.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
 def init_distributed(
-    shard: ShardSpec, init_method: str, backend: str = "gloo", timeout_s: float = 300.0
+    shard: ShardSpec,
+    init_method: str,
+    backend: str = "gloo",
+    timeout_s: float = 300.0,
+    shared_memory: bool | None = None,
 ) -> ParallelContext:
     """Join the process group of `shard.world_size` ranks and create one TP group per pipeline stage.
 
     Every rank must call this (it creates every stage's group, in the same order everywhere). init_method is
     a torch.distributed URL: tcp://127.0.0.1:PORT or file:///path. Use gloo for CPU tensors (nccl only for
-    CUDA ones). A world of one process initializes nothing.
+    CUDA ones). A world of one process initializes nothing. `shared_memory`: sum the TP group's float32
+    all-reduces through shared memory (None: where its ranks share a host that supports it; False: gloo).
     """
     if shard.world_size == 1:
         return ParallelContext(shard, TensorParallelGroup())
@@ -211,7 +233,37 @@ def init_distributed(
             group = dist.new_group(ranks, timeout=timeout, backend=backend)
             if pp_rank == shard.pp_rank:
                 tp_group = TensorParallelGroup(group, shard.tp_size)
+        if shared_memory is not False:
+            tp_group.shared = _shared_all_reduce(
+                shard, tp_group.group, timeout_s, required=bool(shared_memory)
+            )
     return ParallelContext(shard, tp_group)
+
+
+def _shared_all_reduce(
+    shard: ShardSpec, group: dist.ProcessGroup, timeout_s: float, required: bool
+) -> SharedMemoryAllReduce | None:
+    """The TP group's shared-memory all-reduce when every rank of the group can use it on one host (they
+    agree over gloo); its first rank creates the segment, every rank maps it, then it is unlinked."""
+    import socket
+
+    first = shard.global_rank(shard.pp_rank, 0)
+    here = (socket.gethostname(), shm_all_reduce.supported(shard.world_size))
+    hosts: list = [None] * shard.tp_size
+    dist.all_gather_object(hosts, here, group=group)
+    if not all(ok and host == hosts[0][0] for host, ok in hosts):
+        if required:
+            raise RuntimeError(f"the shared-memory all-reduce needs the TP ranks on one x86 host: {hosts}")
+        return None
+    path = [shm_all_reduce.create_segment(shard.tp_size) if shard.tp_rank == 0 else None]
+    dist.broadcast_object_list(path, src=first, group=group)
+    try:
+        shared = SharedMemoryAllReduce(path[0], shard.tp_rank, shard.tp_size, timeout_s)
+    finally:
+        dist.barrier(group=group)
+        if shard.tp_rank == 0:
+            os.unlink(path[0])
+    return shared
 
 
 def threads_per_rank(world_size: int) -> int:
