@@ -28,6 +28,12 @@ class Tokenizer:
         self._tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         self.folder = folder
 
+    @staticmethod
+    def preload() -> None:
+        """Import the tokenizer library now (about 2 s in a fresh process, most of a server's start-up
+        besides the engine core's): a thread can do it while the engine core starts elsewhere."""
+        from transformers import AutoTokenizer  # noqa: F401
+
     @property
     def eos_token_id(self) -> int | None:
         return self._tok.eos_token_id

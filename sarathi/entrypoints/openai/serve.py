@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import time
 
 from sarathi.entrypoints.args import add_config_args, add_engine_args, config_args, engine_config_from_args
@@ -145,8 +146,12 @@ async def _serve(
     name = served_model_name(config.model.model, args.served_model_name)
     print(f"sarathi serve: loading {name} ...", flush=True)
     client = EngineCoreClient(config, build_engine, args.max_waiting, args.restart_engine_on_failure)
+    # This process's tokenizer library loads while the engine core starts (the folder comes with it).
+    preload = threading.Thread(target=Tokenizer.preload, name="sarathi-tokenizer-import", daemon=True)
+    preload.start()
     try:
         ready = await client.start()
+        await asyncio.to_thread(preload.join)
         tokenizer = Tokenizer(ready.tokenizer_dir) if ready.tokenizer_dir else None
         sched = ready.config.scheduler
         budget = sched.token_budget if SCHEDULERS[sched.name].chunked_prefills else None
