@@ -166,8 +166,9 @@ def test_gguf_quantized_matches_float32_except_near_ties(name, prompts, referenc
 
 # `make test-all` only. Ray's start-up dominates its run; test_ray_executor checks the Ray backend's outputs
 # in `make test`. TP and PP under the sarathi scheduler without preemption are also run by
-# test_aborts_in_flight_spare_the_others and the gguf configurations, and with preemption here.
-SLOW_PARALLEL = ("ray-pp2-sarathi-preempt", "tp2-sarathi", "pp2-sarathi")
+# test_aborts_in_flight_spare_the_others and the gguf configurations, and with preemption here; PP with
+# preemption under sarathi here and in gguf-pp2-sarathi-preempt, vllm's preemption under TP here.
+SLOW_PARALLEL = ("ray-pp2-sarathi-preempt", "tp2-sarathi", "pp2-sarathi", "pp2-vllm-preempt")
 
 
 @pytest.mark.parametrize(

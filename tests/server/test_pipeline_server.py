@@ -130,7 +130,10 @@ def test_a_killed_worker_fails_health_and_open_streams_and_leaves_no_process():
         srv.stop()
 
 
-@pytest.mark.parametrize("busy", [False, True], ids=["idle", "streaming"])
+# Idle is `make test-all` only (~18 s a server): the streaming case kills the stage while it runs a request.
+@pytest.mark.parametrize(
+    "busy", [pytest.param(False, marks=pytest.mark.slow, id="idle"), pytest.param(True, id="streaming")]
+)
 def test_a_killed_first_stage_stops_the_other_worker_and_the_engine_core(busy):
     """SIGKILL pipeline stage 0: the survivor (stage 1) and the engine core exit within seconds, whether
     a stream was running or not, and the API answers 503 as after an engine-core crash."""
