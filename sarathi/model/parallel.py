@@ -218,8 +218,11 @@ def init_distributed(
     Every rank must call this (it creates every stage's group, in the same order everywhere). init_method is
     a torch.distributed URL: tcp://127.0.0.1:PORT or file:///path. Use gloo for CPU tensors (nccl only for
     CUDA ones). A world of one process initializes nothing. `shared_memory`: sum the TP group's float32
-    all-reduces through shared memory (None: where its ranks share a host that supports it; False: gloo).
+    all-reduces through shared memory (None: as ALL_REDUCE_ENV says, by default where its ranks share a
+    host that supports it; False: gloo).
     """
+    if shared_memory is None:
+        shared_memory = _all_reduce_setting()
     if shard.world_size == 1:
         return ParallelContext(shard, TensorParallelGroup())
     timeout = timedelta(seconds=timeout_s)
@@ -238,6 +241,17 @@ def init_distributed(
                 shard, tp_group.group, timeout_s, required=bool(shared_memory)
             )
     return ParallelContext(shard, tp_group)
+
+
+ALL_REDUCE_ENV = "SARATHI_TP_ALL_REDUCE"  # auto (the default), shm (required) or gloo
+
+
+def _all_reduce_setting() -> bool | None:
+    value = os.environ.get(ALL_REDUCE_ENV, "auto").strip().lower() or "auto"
+    choices = {"auto": None, "shm": True, "gloo": False}
+    if value not in choices:
+        raise ValueError(f"{ALL_REDUCE_ENV}={value!r}: expected one of {', '.join(choices)}")
+    return choices[value]
 
 
 def _shared_all_reduce(

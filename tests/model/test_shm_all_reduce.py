@@ -91,3 +91,14 @@ def test_only_float32_and_matching_segments() -> None:
     with pytest.raises(TypeError, match="float32"):
         ar.all_reduce(torch.ones(4, dtype=torch.bfloat16))
     ar.close()
+
+
+def test_the_setting_names_its_choices(monkeypatch) -> None:
+    from sarathi.model.parallel import ALL_REDUCE_ENV, _all_reduce_setting
+
+    for value, expected in (("auto", None), ("", None), ("shm", True), ("GLOO", False)):
+        monkeypatch.setenv(ALL_REDUCE_ENV, value)
+        assert _all_reduce_setting() is expected
+    monkeypatch.setenv(ALL_REDUCE_ENV, "nccl")
+    with pytest.raises(ValueError, match=r"SARATHI_TP_ALL_REDUCE='nccl': expected one of auto, shm, gloo"):
+        _all_reduce_setting()
