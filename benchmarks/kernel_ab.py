@@ -10,7 +10,8 @@ and slower than its median (a change can win in one memory state and lose in the
 to the working tree gives the harness's own spread (an A/A run).
 
 Only the C++ differs: both builds run the tree's Python, weights packed once by it (a change to a packed
-layout needs two processes), and the int8-path thresholds of the tree's build for both.
+layout needs two processes), and the int8-path and dequantized-tile thresholds of the tree's build for both
+(a build from before `set_quant_dequant_rows` keeps its own dequantized-tile ones).
 
     python -m benchmarks.kernel_ab --model 1b --precision Q4_K_M --cases decode1,prefill16
 """
@@ -93,6 +94,9 @@ def build(sources: dict[str, bytes], role: str) -> str:
     ops = getattr(torch.ops, namespace)
     for bits in (4, 5, 6, 8):  # the same path choice for both builds: the tree's thresholds
         ops.set_quant_int8_rows(bits, kernels.quant_int8_rows(bits))
+    if hasattr(ops, "set_quant_dequant_rows"):  # a build from before the setter keeps its own
+        for offsets in (False, True):
+            ops.set_quant_dequant_rows(offsets, kernels.quant_dequant_rows(offsets))
     return namespace
 
 

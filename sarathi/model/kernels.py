@@ -216,6 +216,17 @@ def quant_dequant_rows(offsets: bool) -> int:
     return torch.ops.sarathi_kernels.quant_dequant_rows(offsets)
 
 
+def quant_dequant_rows_builtin(offsets: bool) -> int:
+    """The kernel's own `quant_dequant_rows` for this CPU kind, which it gives until `set_quant_dequant_rows`
+    sets another."""
+    return torch.ops.sarathi_kernels.quant_dequant_rows_builtin(offsets)
+
+
+def set_quant_dequant_rows(offsets: bool, rows: int) -> None:
+    """Set `quant_dequant_rows(offsets)` for this process; -1 restores the kernel's own threshold."""
+    torch.ops.sarathi_kernels.set_quant_dequant_rows(offsets, rows)
+
+
 def quant_int8_rows_builtin(bits: int) -> int:
     """The kernel's own threshold for this CPU kind (measured on a few kinds), which `quant_int8_rows` gives
     until `set_quant_int8_rows` sets another (`quant_path_tuning` times the machine's own)."""

@@ -1,5 +1,5 @@
-"""quant_gemm's int8-path threshold per code width (and for IQ4's table indices, code kind 40), timed on this
-machine.
+"""quant_gemm's int8-path threshold per code width (and for IQ4's table indices, code kind 40), and the rows
+from which it multiplies dequantized tiles, timed on this machine.
 
 `quant_gemm` has two paths, both over exactly the file's codes: up to `kernels.quant_int8_rows(bits)` rows of
 x it multiplies x in two int8 terms (VPDPBUSD; VPMADDUBSW on the AVX2 builds), more rows decode each chunk of
@@ -20,9 +20,20 @@ this module times both paths on the machine at hand instead:
   process on the machine takes the same one; `apply()` (called by the loader for a quantized model) times it
   on first use, a few seconds once, and sets it in the kernel.
 
-`SARATHI_INT8_ROWS=builtin` keeps the kernel's table. At the "vnni" and "avx512bw" levels the int8 path is
-the only AVX-512 one and takes every row count: nothing to time. `python -m sarathi.model.quant_path_tuning
-[--again]` prints this machine's choice with the timings behind it (and times it again).
+Past the int8 path's rows, the kernel's many-rows path decodes each chunk straight to bf16 weights (one
+rounding each) and multiplies them as the bf16 GEMM does, with no work per sub-block; from how many rows it
+beats the tile path is timed first, the same way, for formats with offsets (an m term) and without:
+
+- at 16, 32, ..., 128 rows, from the most rows down, the two paths called in turn; a format whose dequantized
+  path is clearly slower at a step is not timed at fewer rows;
+- a kind's threshold is the fewest rows from which the dequantized path, summed over the kind's formats and
+  both shapes, took no longer than the tile path at that step and every larger one (where it lost even at 128,
+  the kernel's own stands). On a Zen5 that was 32 rows with offsets and 48 without (the kernel's: 48 and 96).
+
+`SARATHI_INT8_ROWS=builtin` keeps the kernel's table (both thresholds). At the "vnni" and "avx512bw" levels
+the int8 path is the only AVX-512 one and takes every row count: nothing to time.
+`python -m sarathi.model.quant_path_tuning [--again]` prints this machine's choice with the timings behind it
+(and times it again).
 """
 
 from __future__ import annotations
@@ -67,6 +78,7 @@ WIDTH_FORMATS = {
 #: Llama 3.2 1B's MLP: the up projection (outputs, inputs) and the down projection.
 SHAPES = {"up": (8192, 2048), "down": (2048, 8192)}
 ROW_STEPS = (8, 16, 32, 64, 128, 256)
+DEQUANT_STEPS = (128, 96, 64, 48, 32, 16)  # from the most rows down
 MIN_ROWS = 4
 PAIRS = 3
 # A format whose int8 path takes this much longer than its tile path is not timed at more rows (it only
@@ -129,21 +141,38 @@ class PathTiming:
     tile_ms: float
 
 
+@dataclass(frozen=True)
+class DequantTiming:
+    """The dequantized-tile path's and the tile path's median time for one format, shape and row count."""
+
+    format: str
+    shape: str
+    rows: int
+    dequant_ms: float
+    tile_ms: float
+
+
 @dataclass
 class Int8Rows:
-    """This machine's threshold per code width, the timings behind it, and what it is keyed on."""
+    """This machine's threshold per code width, the rows from which the dequantized-tile path takes over (by
+    whether a format has offsets; -1: the kernel's own), the timings behind them, and what they are keyed
+    on."""
 
     rows: dict[int, int]
     timings: list[PathTiming]
     seconds: float
     key: dict
+    dequant_rows: dict[bool, int] = dataclasses.field(default_factory=dict)
+    dequant_timings: list[DequantTiming] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
             "key": self.key,
             "rows": {str(b): r for b, r in self.rows.items()},
+            "dequant_rows": {"offsets" if o else "plain": r for o, r in self.dequant_rows.items()},
             "seconds": round(self.seconds, 1),
             "timings": [dataclasses.asdict(t) for t in self.timings],
+            "dequant_timings": [dataclasses.asdict(t) for t in self.dequant_timings],
         }
 
     @classmethod
@@ -153,6 +182,8 @@ class Int8Rows:
             timings=[PathTiming(**t) for t in d["timings"]],
             seconds=float(d["seconds"]),
             key=d["key"],
+            dequant_rows={k == "offsets": int(r) for k, r in d["dequant_rows"].items()},
+            dequant_timings=[DequantTiming(**t) for t in d["dequant_timings"]],
         )
 
 
@@ -178,9 +209,91 @@ def best_of_two(first: tuple[float, ...], second: tuple[float, ...]) -> tuple[fl
     return int8_s, tile_s, int8_s / tile_s
 
 
+def dequant_threshold(timings: list[DequantTiming], formats: tuple[str, ...]) -> int:
+    """The fewest rows of DEQUANT_STEPS from which the dequantized-tile path, summed over `formats` and
+    SHAPES, took no longer than the tile path at that step and every larger one; -1 (the kernel's own) where
+    it lost at the largest. A step where any of them went untimed ends it."""
+    best = -1
+    for rows in DEQUANT_STEPS:
+        at = [t for t in timings if t.rows == rows and t.format in formats]
+        if len(at) < len(formats) * len(SHAPES) or sum(t.dequant_ms for t in at) > sum(t.tile_ms for t in at):
+            break
+        best = rows
+    return best
+
+
+def dequant_kinds() -> dict[bool, tuple[str, ...]]:
+    """The timed formats by whether they have offsets (the kernel keeps a dequantized-path threshold for
+    each)."""
+    formats = tuple(itertools.chain(*WIDTH_FORMATS.values()))
+    return {o: tuple(f for f in formats if quantized.FORMATS[f].offsets == o) for o in (False, True)}
+
+
+def measure_dequant_rows(
+    progress: Callable[[str], None] | None = None,
+) -> tuple[dict[bool, int], list[DequantTiming]]:
+    """Time the tile and dequantized-tile paths of `quant_gemm` here (the int8 path off) and choose the rows
+    from which the dequantized one is taken, with offsets and without; nothing where this build has no such
+    path (the AVX2 one). The kernel's thresholds are as before on return."""
+    if kernels.quant_dequant_rows_builtin(False) >= 2**62:
+        return {}, []
+    before = {o: kernels.quant_dequant_rows(o) for o in (False, True)}
+    timings: list[DequantTiming] = []
+    try:
+        for offsets, formats in dequant_kinds().items():
+            for qtype, shape in itertools.product(formats, SHAPES):
+                n, k = SHAPES[shape]
+                ring = itertools.cycle(copies_past_cache(random_weight(qtype, n, k)))
+                for rows in DEQUANT_STEPS:
+                    x, out = torch.randn(rows, k), torch.empty(rows, n)
+
+                    def path(from_rows: int, x=x, out=out, ring=ring, offsets=offsets) -> Callable[[], None]:
+                        def call() -> None:
+                            kernels.set_quant_dequant_rows(offsets, from_rows)
+                            kernels.quant_gemm(x, next(ring), out, int8_rows=0)
+
+                        return call
+
+                    dq, tile = path(1), path(2**62)
+                    dq_s, tile_s, ratio = alternating_medians(dq, tile, PAIRS)
+                    if ratio > 1.0:  # a verdict against the dequantized path is timed twice: see best_of_two
+                        again = alternating_medians(dq, tile, PAIRS)
+                        dq_s, tile_s, ratio = best_of_two((dq_s, tile_s), again)
+                    ms = round(dq_s * 1e3, 3), round(tile_s * 1e3, 3)
+                    timings.append(DequantTiming(qtype, shape, rows, *ms))
+                    if progress is not None:
+                        progress(f"{qtype:5s} {shape:5s} {rows:4d} rows: dequantized {ratio:.2f}x the tile's")
+                    if ratio > CLEARLY_SLOWER:
+                        break
+                del ring
+    finally:
+        for o, r in before.items():
+            kernels.set_quant_dequant_rows(o, -1 if r == kernels.quant_dequant_rows_builtin(o) else r)
+    return {o: dequant_threshold(timings, formats) for o, formats in dequant_kinds().items()}, timings
+
+
 def measure(progress: Callable[[str], None] | None = None) -> Int8Rows:
-    """Time both paths of `quant_gemm` here and choose each code width's threshold."""
+    """Time the paths of `quant_gemm` here: first the rows from which the dequantized-tile path takes over,
+    then, with those set, each code width's int8-path threshold."""
     start = time.perf_counter()
+    dequant_rows, dequant_timings = measure_dequant_rows(progress)
+    before = {o: kernels.quant_dequant_rows(o) for o in dequant_rows}
+    for o, r in dequant_rows.items():
+        kernels.set_quant_dequant_rows(o, r)
+    try:
+        timings = measure_int8_rows(progress)
+    finally:
+        for o, r in before.items():
+            kernels.set_quant_dequant_rows(o, -1 if r == kernels.quant_dequant_rows_builtin(o) else r)
+    rows_by_width = {bits: threshold(timings, formats) for bits, formats in WIDTH_FORMATS.items()}
+    return Int8Rows(
+        rows_by_width, timings, time.perf_counter() - start, tuning_key(), dequant_rows, dequant_timings
+    )
+
+
+def measure_int8_rows(progress: Callable[[str], None] | None = None) -> list[PathTiming]:
+    """Both paths' timings for each format, shape and row step: the int8 path against the other (tile or
+    dequantized-tile, as the kernel's thresholds stand)."""
     timings: list[PathTiming] = []
     for qtype, shape in itertools.product(itertools.chain(*WIDTH_FORMATS.values()), SHAPES):
         n, k = SHAPES[shape]
@@ -202,8 +315,7 @@ def measure(progress: Callable[[str], None] | None = None) -> Int8Rows:
             if ratio > CLEARLY_SLOWER:
                 break
         del ring
-    rows_by_width = {bits: threshold(timings, formats) for bits, formats in WIDTH_FORMATS.items()}
-    return Int8Rows(rows_by_width, timings, time.perf_counter() - start, tuning_key())
+    return timings
 
 
 def tuning_key() -> dict:
@@ -234,7 +346,7 @@ def load_or_measure(again: bool = False, progress: Callable[[str], None] | None 
             except (ValueError, KeyError, TypeError) as exc:
                 logger.warning("ignoring an unreadable int8-path threshold file %s (%s)", path, exc)
         logger.warning(
-            "timing quant_gemm's two paths on this CPU to choose its int8-path thresholds (once per machine "
+            "timing quant_gemm's paths on this CPU to choose its thresholds (once per machine "
             "and kernel build, seconds; %s=builtin keeps the kernel's table)",
             ENV,
         )
@@ -265,13 +377,21 @@ def apply() -> dict[int, int] | None:
         rows = None
         if choice == "measured" and kernels.level() in ("full", "avx2"):
             try:
-                rows = load_or_measure().rows
+                tuned = load_or_measure()
+                rows = tuned.rows
             except Exception as exc:  # a failed timing must not keep a model from loading
                 logger.warning("timing quant_gemm's paths failed (%s): the kernel's table stands", exc)
             else:
                 for bits, r in rows.items():
                     kernels.set_quant_int8_rows(bits, r)
-                logger.info("quant_gemm's int8 path up to %s rows (by code width, measured here)", rows)
+                for offsets, r in tuned.dequant_rows.items():
+                    kernels.set_quant_dequant_rows(offsets, r)
+                logger.info(
+                    "quant_gemm's int8 path up to %s rows (by code width), dequantized tiles from %s rows "
+                    "(without offsets, with; -1: the kernel's own): measured here",
+                    rows,
+                    [tuned.dequant_rows.get(o, -1) for o in (False, True)],
+                )
         _applied["rows"] = rows
         return rows
 
@@ -295,6 +415,21 @@ def main() -> int:
         print(f"{qtype:6s} " + "".join(f"{statistics.mean(c):7.2f}" if c else "      -" for c in cells))
     builtin = {b: kernels.quant_int8_rows_builtin(b) for b in WIDTH_FORMATS}
     print(f"thresholds by code width: {tuned.rows} (the kernel's table: {builtin})")
+    if tuned.dequant_timings:
+        dq: dict[tuple[str, int], list[float]] = {}
+        for t in tuned.dequant_timings:
+            dq.setdefault((t.format, t.rows), []).append(t.dequant_ms / t.tile_ms)
+        steps = sorted(DEQUANT_STEPS)
+        print("dequantized-tile path / tile path, time (mean over shapes):")
+        print("format " + "".join(f"{r:>7d}" for r in steps))
+        for qtype in itertools.chain(*dequant_kinds().values()):
+            cells = [dq.get((qtype, r)) for r in steps]
+            print(f"{qtype:6s} " + "".join(f"{statistics.mean(c):7.2f}" if c else "      -" for c in cells))
+        own = {o: kernels.quant_dequant_rows_builtin(o) for o in (False, True)}
+        print(
+            f"dequantized tiles from rows, without offsets / with: {tuned.dequant_rows.get(False, -1)} / "
+            f"{tuned.dequant_rows.get(True, -1)} (-1: the kernel's own, {own[False]} / {own[True]})"
+        )
     print(f"kept in {cached_path()}")
     return 0
 

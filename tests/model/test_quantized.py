@@ -81,7 +81,7 @@ def test_int8_row_thresholds() -> None:
         assert all(kernels.quant_int8_rows_builtin(bits) == 2**63 - 1 for bits in (4, 5, 6, 8))
     elif kernels.amx():
         assert [kernels.quant_int8_rows_builtin(bits) for bits in (4, 5, 6, 8)] == [16, 8, 8, 16]
-        assert kernels.quant_dequant_rows(True) == kernels.quant_dequant_rows(False) == 8
+        assert kernels.quant_dequant_rows_builtin(True) == kernels.quant_dequant_rows_builtin(False) == 8
     else:
         assert kernels.quant_int8_rows_builtin(8) in (32, 128, 256)
         for bits in (4, 5, 6):

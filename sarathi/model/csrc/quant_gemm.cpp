@@ -19,9 +19,9 @@
 // - more rows (prefill, batched decode): the codes of a chunk are decoded to bf16 once into a per-thread
 //   scratch and reused by every row, multiplied against bf16 x with VDPBF16PS (float32 sums): x rounded to
 //   bf16 as in our bf16 GEMM.
-// - many rows (long prefills, M >= dequant_rows: 48 for formats with offsets, else 96): the decoded chunk is
-//   turned into bf16 weights s * (q - z) + m, each rounded once, and multiplied as by our bf16 GEMM, with no
-//   work per sub-block (run_dequantized). On a CPU with AMX tiles (Xeon Sapphire Rapids on: amx_tiles.h)
+// - many rows (long prefills, M >= dequant_rows: 48 for formats with offsets, else 96, or as set for the machine):
+//   a chunk's codes are decoded straight into bf16 weights s * (q - z) + m, each rounded once, and multiplied as
+//   by our bf16 GEMM, with no work per sub-block (run_dequantized). On a CPU with AMX tiles (Xeon Sapphire Rapids on: amx_tiles.h)
 //   from 8 rows, by TDPBF16PS (run_dequantized_amx): 5-7x the products per second at 64-256 rows.
 //
 // Packed layout, per tile of 16 output columns and per group of 32 input positions, made by
@@ -365,34 +365,53 @@ constexpr int kDqChunkGroups = 16;  // at most this many groups decoded at a tim
 // SmolLM2's, in cache and from memory; `benchmarks/quant_kernel.py`-style single products): formats with offsets
 // (Q4_1, Q5_1, Q4_K, Q5_K), whose tile path does two FMAs per accumulator per sub-block, 0.85-1.0x the time
 // at 48 rows and 0.86-0.95x at 256; formats without (Q8_0, Q4_0, Q5_0, Q6_K) 1.0-1.19x at 48 and 64 rows, 0.87-1.03x at
-// 96, 0.85-1.0x at 128. $SARATHI_DEQUANT_ROWS (read once) sets both, for measurements.
+// 96, 0.85-1.0x at 128. $SARATHI_DEQUANT_ROWS (read once) sets both, for measurements; set_quant_dequant_rows one.
 constexpr int64_t kDequantRowsOffsets = 48;
 constexpr int64_t kDequantRowsPlain = 96;
 // With AMX tiles (run_dequantized_amx) from half a tile of rows of x. On a 2-core Xeon (family 6 model 167),
 // Llama 3.2 1B's MLP weights from memory: 0.48x (Q4_K and Q6_K) the time of rows_chunk at 16 rows, 0.93x and
 // 0.83x at 8.
 constexpr int64_t kDequantRowsAmx = 8;
-int64_t dequant_rows(bool offsets) {
-  static const int64_t set = [] {
-    const char* v = std::getenv("SARATHI_DEQUANT_ROWS");
-    return v != nullptr ? std::max<int64_t>(1, std::atoll(v)) : int64_t{-1};
-  }();
-  if (set > 0) return set;
+int64_t dequant_rows_builtin(bool offsets) {
   if (amx_bf16_ready()) return kDequantRowsAmx;
   return offsets ? kDequantRowsOffsets : kDequantRowsPlain;
 }
 
-// The decoded values q - z of `ngroups` groups (scratch, decode_group's pair layout) of tile `tile` starting at
-// group g0, turned in place into bf16 weights s * (q - z) (+ m).
-template <int SUB, bool SC, bool MIN>
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) void dequantize_chunk(
-    uint16_t* scratch, int ngroups, int64_t g0, const Weight& w, int64_t tile) {
+// Per kind (formats without offsets, with them), the threshold set with set_quant_dequant_rows; -1: the built-in
+// one (or $SARATHI_DEQUANT_ROWS's).
+std::atomic<int64_t> g_dequant_rows_set[2] = {-1, -1};
+
+int64_t dequant_rows(bool offsets) {
+  const int64_t chosen = g_dequant_rows_set[offsets].load(std::memory_order_relaxed);
+  if (chosen > 0) return chosen;
+  static const int64_t env = [] {
+    const char* v = std::getenv("SARATHI_DEQUANT_ROWS");
+    return v != nullptr ? std::max<int64_t>(1, std::atoll(v)) : int64_t{-1};
+  }();
+  return env > 0 ? env : dequant_rows_builtin(offsets);
+}
+
+// The bf16 weights w = s * (q - z) (+ m) of `ngroups` groups of tile `tile` from group g0, in decode_group's
+// pair layout, straight from the codes (each tile's stream prefetched ahead for a thread reading `step` tiles side
+// by side): the integer q - z (the code less its zero, or IQ4's table value) is widened to float32 in registers
+// and scaled, each weight rounded to bf16 once. Decoding to bf16 q - z first (decode_chunk) and scaling that in a
+// second pass, the same values, took 1.05x the time of a 1B-class Q4_K_M mixed iteration (64-token chunk and 16
+// decodes) and of a 64-token prefill (a Zen5, both builds side by side).
+template <int BITS, int SUB, bool SC, bool MIN>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void decode_dequantized(
+    const Weight& w, int64_t tile, int step, int j, int64_t g0, int ngroups, uint16_t* out) {
   constexpr int kSubsPerGroup = kGroup / SUB;
   constexpr int64_t subs_per_super = kSubsPerSuper<SUB, SC>;
-  // pair-layout lane 2c + j is column c: each column's value twice, columns 0-7 then 8-15
+  constexpr int64_t bytes = group_bytes(BITS);
   const __m512i dup_lo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   const __m512i dup_hi = _mm512_add_epi32(dup_lo, _mm512_set1_epi32(8));
+  const __m512i pick0 = _mm512_broadcast_i32x4(_mm_setr_epi8(0, -1, 1, -1, 4, -1, 5, -1, 8, -1, 9, -1, 12, -1, 13, -1));
+  const __m512i pick1 = _mm512_broadcast_i32x4(_mm_setr_epi8(2, -1, 3, -1, 6, -1, 7, -1, 10, -1, 11, -1, 14, -1, 15, -1));
+  const __m512i zero = _mm512_set1_epi16(static_cast<int16_t>(byte_valued(BITS) ? 128 : w.zero));
   for (int g = 0; g < ngroups; ++g) {
+    const uint8_t* codes = w.codes + (tile * w.groups + g0 + g) * bytes;
+    prefetch_codes(codes_ahead<BITS>(w, tile - j, step, j, g0 + g), bytes, 0);
+    uint16_t* pairs = out + g * kPairs * 32;
     for (int s = 0; s < kSubsPerGroup; ++s) {
       const int64_t sub = (g0 + g) * kSubsPerGroup + s, sup = sub / subs_per_super;
       const int64_t super_at = (tile * w.supers + sup) * kCols, sub_at = (tile * w.subs + sub) * kCols;
@@ -405,15 +424,18 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void dequantize_chunk(
       }
       const __m512 s_lo = _mm512_permutexvar_ps(dup_lo, scale), s_hi = _mm512_permutexvar_ps(dup_hi, scale);
       const __m512 m_lo = _mm512_permutexvar_ps(dup_lo, shift), m_hi = _mm512_permutexvar_ps(dup_hi, shift);
-      uint16_t* pairs = scratch + (g * kPairs + s * (SUB / 2)) * 32;
 #pragma GCC unroll 4
-      for (int p = 0; p < SUB / 2; ++p) {
-        const __m512i v = _mm512_loadu_si512(pairs + p * 32);
-        const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16));
-        const __m512 hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)), 16));
-        const __m512 wl = MIN ? _mm512_fmadd_ps(lo, s_lo, m_lo) : _mm512_mul_ps(lo, s_lo);
-        const __m512 wh = MIN ? _mm512_fmadd_ps(hi, s_hi, m_hi) : _mm512_mul_ps(hi, s_hi);
-        _mm512_storeu_si512(pairs + p * 32, (__m512i)_mm512_cvtne2ps_pbh(wh, wl));
+      for (int r = s * (SUB / 4); r < (s + 1) * (SUB / 4); ++r) {
+        const __m512i q = quad_codes<BITS>(codes, r);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          const __m512i v = _mm512_sub_epi16(_mm512_shuffle_epi8(q, h ? pick1 : pick0), zero);  // q - z, pair 2r + h
+          const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(v)));
+          const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(v, 1)));
+          const __m512 wl = MIN ? _mm512_fmadd_ps(lo, s_lo, m_lo) : _mm512_mul_ps(lo, s_lo);
+          const __m512 wh = MIN ? _mm512_fmadd_ps(hi, s_hi, m_hi) : _mm512_mul_ps(hi, s_hi);
+          _mm512_storeu_si512(pairs + (2 * r + h) * 32, (__m512i)_mm512_cvtne2ps_pbh(wh, wl));
+        }
       }
     }
   }
@@ -473,7 +495,6 @@ struct DequantizedTable {
 template <int BITS, int SUB, bool SC, bool MIN>
 void run_dequantized(const int32_t* x, int64_t m, int64_t k, const Weight& w, float* y, int64_t ldy, int64_t n) {
   static const DequantizedTable table;
-  const CodeValues lut(BITS, w.zero);
   const int64_t tiles = (n + kCols - 1) / kCols, ldx_pairs = k / 2;
   // chunks of equal size (a short last chunk costs a pass over every row of y for little work)
   const int64_t chunks = (w.groups + kDqChunkGroups - 1) / kDqChunkGroups;
@@ -489,8 +510,7 @@ void run_dequantized(const int32_t* x, int64_t m, int64_t k, const Weight& w, fl
       for (int64_t g0 = 0; g0 < w.groups; g0 += chunk_groups) {
         const int ng = static_cast<int>(std::min<int64_t>(chunk_groups, w.groups - g0));
         for (int j = 0; j < nb; ++j) {
-          decode_chunk<BITS>(w, tile0, kDqTiles, j, g0, ng, scratch + j * tile_stride, lut.values);
-          dequantize_chunk<SUB, SC, MIN>(scratch + j * tile_stride, ng, g0, w, tile0 + j);
+          decode_dequantized<BITS, SUB, SC, MIN>(w, tile0 + j, kDqTiles, j, g0, ng, scratch + j * tile_stride);
         }
         for (int64_t r = 0; r < m; r += kDqRows) {
           const int mr = static_cast<int>(std::min<int64_t>(kDqRows, m - r));
@@ -511,7 +531,6 @@ constexpr int kAmxChunkGroups = 64;
 
 template <int BITS, int SUB, bool SC, bool MIN>
 void run_dequantized_amx(const uint16_t* x, int64_t m, int64_t k, const Weight& w, float* y, int64_t ldy, int64_t n) {
-  const CodeValues lut(BITS, w.zero);
   const int64_t tiles = (n + kCols - 1) / kCols;
   const int64_t chunks = (w.groups + kAmxChunkGroups - 1) / kAmxChunkGroups;
   const int64_t chunk_groups = (w.groups + chunks - 1) / chunks;
@@ -529,8 +548,7 @@ void run_dequantized_amx(const uint16_t* x, int64_t m, int64_t k, const Weight& 
       for (int64_t g0 = 0; g0 < w.groups; g0 += chunk_groups) {
         const int ng = static_cast<int>(std::min<int64_t>(chunk_groups, w.groups - g0));
         for (int j = 0; j < nb; ++j) {
-          decode_chunk<BITS>(w, tile0, kAmxTiles, j, g0, ng, scratch + j * tile_stride, lut.values);
-          dequantize_chunk<SUB, SC, MIN>(scratch + j * tile_stride, ng, g0, w, tile0 + j);
+          decode_dequantized<BITS, SUB, SC, MIN>(w, tile0 + j, kAmxTiles, j, g0, ng, scratch + j * tile_stride);
         }
         amx_rows(x + g0 * kGroup, k, m, scratch, tile_stride, nb, ng, y + col0, ldy, cols, g0 == 0);
       }
@@ -1134,6 +1152,18 @@ int64_t quant_dequant_rows(bool offsets) {
   return avx512 ? dequant_rows(offsets) : kEveryRow;
 }
 
+// The kernel's own many-rows threshold for this CPU kind (AVX-512 build; the AVX2 build has no such path).
+int64_t quant_dequant_rows_builtin(bool offsets) {
+  static const bool avx512 = cpu_supported();
+  return avx512 ? dequant_rows_builtin(offsets) : kEveryRow;
+}
+
+// Sets quant_dequant_rows(offsets) for this process (a row count from 1); -1 restores the built-in threshold.
+void set_quant_dequant_rows(bool offsets, int64_t rows) {
+  TORCH_CHECK(rows == -1 || rows >= 1, "set_quant_dequant_rows: rows must be -1 (the built-in threshold) or >= 1");
+  g_dequant_rows_set[offsets].store(rows, std::memory_order_relaxed);
+}
+
 // Whether the kernels with an AVX2 build run on this CPU (AVX-512 with BF16 and VNNI, or AVX2 with FMA and
 // F16C): quant_gemm, quant_linear, quant_rows, rms_norm_f32, decode_attention and rope_write_kv.
 bool cpu_portable_supported() { return cpu_supported() || cpu_supports_avx2(); }
@@ -1143,6 +1173,8 @@ TORCH_LIBRARY_FRAGMENT(sarathi_kernels, lib) {
   lib.def("cpu_int8_isa() -> str", &cpu_int8_isa);
   lib.def("quant_int8_rows(int bits) -> int", &quant_int8_rows);
   lib.def("quant_dequant_rows(bool offsets) -> int", &quant_dequant_rows);
+  lib.def("quant_dequant_rows_builtin(bool offsets) -> int", &quant_dequant_rows_builtin);
+  lib.def("set_quant_dequant_rows(bool offsets, int rows) -> ()", &set_quant_dequant_rows);
   lib.def("quant_int8_rows_builtin(int bits) -> int", &quant_int8_rows_builtin);
   lib.def("set_quant_int8_rows(int bits, int rows) -> ()", &set_quant_int8_rows);
   lib.def("quant_linear(Tensor x, Tensor codes, Tensor d, Tensor sc, Tensor dm, Tensor mc, int bits, int sub, int zero, "
