@@ -30,7 +30,8 @@ beats the tile path is timed first, the same way, for formats with offsets (an m
   both shapes, took no longer than the tile path at that step and every larger one (where it lost even at 128,
   the kernel's own stands). On a Zen5 that was 32 rows with offsets and 48 without (the kernel's: 48 and 96).
 
-`SARATHI_INT8_ROWS=builtin` keeps the kernel's table (both thresholds). At the "vnni" and "avx512bw" levels
+`SARATHI_INT8_ROWS=builtin` keeps the kernel's table (both thresholds); `SARATHI_DEQUANT_ROWS=N` sets both
+dequantized-tile thresholds instead of the timed ones. At the "vnni" and "avx512bw" levels
 the int8 path is the only AVX-512 one and takes every row count: nothing to time.
 `python -m sarathi.model.quant_path_tuning [--again]` prints this machine's choice with the timings behind it
 (and times it again).
@@ -86,6 +87,7 @@ PAIRS = 3
 CLEARLY_SLOWER = 1.25
 STREAM_BYTES = 128 * 2**20  # copies cycled per timed call: well past any L3 of the machines we run on
 ENV = "SARATHI_INT8_ROWS"
+DEQUANT_ENV = "SARATHI_DEQUANT_ROWS"  # read by the kernel: both dequantized-tile thresholds, for measurements
 
 
 def random_weight(qtype: str, rows: int, cols: int) -> quantized.PackedQuant:
@@ -384,8 +386,9 @@ def apply() -> dict[int, int] | None:
             else:
                 for bits, r in rows.items():
                     kernels.set_quant_int8_rows(bits, r)
-                for offsets, r in tuned.dequant_rows.items():
-                    kernels.set_quant_dequant_rows(offsets, r)
+                if DEQUANT_ENV not in os.environ:  # a measurement's own setting stands
+                    for offsets, r in tuned.dequant_rows.items():
+                        kernels.set_quant_dequant_rows(offsets, r)
                 logger.info(
                     "quant_gemm's int8 path up to %s rows (by code width), dequantized tiles from %s rows "
                     "(without offsets, with; -1: the kernel's own): measured here",

@@ -188,6 +188,26 @@ def test_apply_sets_the_kept_choice_once_per_process(tmp_path, monkeypatch, rest
     assert not path.exists()
 
 
+@pytest.mark.skipif(kernels.level() in ("vnni", "avx512bw"), reason="the AVX-512 int8 levels time nothing")
+def test_a_dequant_rows_setting_stands_over_the_timed_choice(tmp_path, monkeypatch, restores_thresholds):
+    """SARATHI_DEQUANT_ROWS (read by the kernel once, for measurements) keeps apply() from setting the timed
+    dequantized-tile thresholds over it; the int8 ones are set as always."""
+    monkeypatch.setenv("SARATHI_CACHE_DIR", str(tmp_path))
+    for o in (False, True):
+        kernels.set_quant_dequant_rows(o, -1)
+    own = {o: kernels.quant_dequant_rows(o) for o in (False, True)}  # the kernel reads no setting after
+    monkeypatch.setenv("SARATHI_DEQUANT_ROWS", "1")
+    key = quant_path_tuning.tuning_key()
+    kept = Int8Rows({4: 16, 5: 8, 6: 4, 8: 64}, [], 1.0, key, {False: 64, True: 32})
+    path = quant_path_tuning.cached_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(kept.to_json()))
+    quant_path_tuning._applied.clear()
+    assert quant_path_tuning.apply() == kept.rows  # the int8 thresholds are set, the dequantized ones left
+    assert {o: kernels.quant_dequant_rows(o) for o in (False, True)} == own
+    assert {b: kernels.quant_int8_rows(b) for b in WIDTHS} == kept.rows
+
+
 def test_builtin_keeps_the_kernels_table_and_other_values_are_refused(monkeypatch, restores_thresholds):
     for b in WIDTHS:
         kernels.set_quant_int8_rows(b, -1)
