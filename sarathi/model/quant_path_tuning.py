@@ -231,6 +231,12 @@ def dequant_kinds() -> dict[bool, tuple[str, ...]]:
     return {o: tuple(f for f in formats if quantized.FORMATS[f].offsets == o) for o in (False, True)}
 
 
+def restore_dequant_rows(before: dict[bool, int]) -> None:
+    """Put back the kernel's dequantized-tile thresholds read before a timing (-1 where it had its own)."""
+    for o, r in before.items():
+        kernels.set_quant_dequant_rows(o, -1 if r == kernels.quant_dequant_rows_builtin(o) else r)
+
+
 def measure_dequant_rows(
     progress: Callable[[str], None] | None = None,
 ) -> tuple[dict[bool, int], list[DequantTiming]]:
@@ -269,8 +275,7 @@ def measure_dequant_rows(
                         break
                 del ring
     finally:
-        for o, r in before.items():
-            kernels.set_quant_dequant_rows(o, -1 if r == kernels.quant_dequant_rows_builtin(o) else r)
+        restore_dequant_rows(before)
     return {o: dequant_threshold(timings, formats) for o, formats in dequant_kinds().items()}, timings
 
 
@@ -285,8 +290,7 @@ def measure(progress: Callable[[str], None] | None = None) -> Int8Rows:
     try:
         timings = measure_int8_rows(progress)
     finally:
-        for o, r in before.items():
-            kernels.set_quant_dequant_rows(o, -1 if r == kernels.quant_dequant_rows_builtin(o) else r)
+        restore_dequant_rows(before)
     rows_by_width = {bits: threshold(timings, formats) for bits, formats in WIDTH_FORMATS.items()}
     return Int8Rows(
         rows_by_width, timings, time.perf_counter() - start, tuning_key(), dequant_rows, dequant_timings
