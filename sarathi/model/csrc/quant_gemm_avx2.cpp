@@ -251,9 +251,10 @@ void tile_rows(const QuantizedRows& x, const Weight& w, int64_t tile, int h0, fl
 #pragma GCC unroll 2
     for (int hh = 0; hh < NH; ++hh) acc[i][hh] = _mm256_setzero_ps();
   const uint8_t* tile_codes = w.codes + tile * w.groups * bytes;
+  const bool intel = intel_cpu();
   for (int64_t g = 0; g < w.groups; ++g) {
     const uint8_t* codes = tile_codes + g * bytes;
-    if (h0 == 0) prefetch_codes(codes, bytes, kPrefetchBytes);
+    if (h0 == 0) prefetch_codes(codes, bytes, kPrefetchBytes, intel);
 #pragma GCC unroll 2
     for (int s = 0; s < kSubsPerGroup; ++s) {
       const int64_t sub = g * kSubsPerGroup + s, sup = sub / subs_per_super;
@@ -321,9 +322,10 @@ void tile_rows_wide(const int16_t* x16, const QuantizedRows& x, const Weight& w,
 #pragma GCC unroll 2
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   const uint8_t* tile_codes = w.codes + tile * w.groups * bytes;
+  const bool intel = intel_cpu();
   for (int64_t g = 0; g < w.groups; ++g) {
     const uint8_t* codes = tile_codes + g * bytes;
-    prefetch_codes(codes, bytes, kPrefetchBytes);
+    prefetch_codes(codes, bytes, kPrefetchBytes, intel);
 #pragma GCC unroll 2
     for (int s = 0; s < kSubsPerGroup; ++s) {
       const int64_t sub = g * kSubsPerGroup + s, sup = sub / subs_per_super;

@@ -53,9 +53,10 @@ inline bool intel_cpu() {
 // prefetch at all, at every kernel level: Q4_K / Q6_K 1.65 / 2.25 ms against 0.54 / 0.83 ms with T1 ("full"), 1.60
 // / 2.17 against 0.60 / 0.77 ("vnni"), 1.58 / 1.98 against 0.67 / 0.93 ("avx2"); without prefetching 1.02 / 1.49
 // ("full").
-inline void prefetch_codes(const uint8_t* codes, int64_t bytes, int64_t ahead) {
+// `intel` is intel_cpu(), read once by a caller's loop (its guarded static is re-checked at every call).
+inline void prefetch_codes(const uint8_t* codes, int64_t bytes, int64_t ahead, bool intel) {
   const char* p = reinterpret_cast<const char*>(codes) + ahead;
-  if (intel_cpu()) {
+  if (intel) {
 #pragma GCC unroll 8
     for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(p + line, _MM_HINT_T1);
   } else {
