@@ -83,7 +83,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        workload, configs, engine_configs = comparison_plan(args, resolve_token_budgets(args))
+        workload, configs, engine_configs = comparison_plan(args, lambda: resolve_token_budgets(args))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

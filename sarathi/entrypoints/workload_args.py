@@ -4,6 +4,7 @@ workload, the scheduler configs to compare and the simulation's latency model, m
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from sarathi.benchmark.bench import CHAT, BenchConfig, bench_configs
 from sarathi.benchmark.chat_workload import ChatWorkloadConfig
@@ -115,12 +116,14 @@ def engine_config_for(args: argparse.Namespace, config: BenchConfig) -> EngineCo
 
 
 def comparison_plan(
-    args: argparse.Namespace, budgets: list[int | str]
+    args: argparse.Namespace, budgets: list[int | str] | Callable[[], list[int | str]]
 ) -> tuple[WorkloadConfig | ChatWorkloadConfig, list[BenchConfig], list[EngineConfig]]:
     """The workload at ``--qps`` (0: all at once), every scheduler x budget and their engine configs (none
-    for an ``auto`` budget, which only a live server keeps: it chose its own); ValueError names a flag."""
+    for an ``auto`` budget, which only a live server keeps: it chose its own); ValueError names a flag.
+    ``budgets`` may be a callable, called once the workload's flags have been checked (choosing an ``auto``
+    budget may profile the machine first: bad flags fail before that)."""
     workload = workload_config_from_args(args, None if args.qps == 0 else args.qps)
-    configs = bench_configs(args.schedulers, budgets)
+    configs = bench_configs(args.schedulers, budgets() if callable(budgets) else budgets)
     return workload, configs, [engine_config_for(args, c) for c in configs if c.token_budget != "auto"]
 
 

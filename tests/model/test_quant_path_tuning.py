@@ -183,7 +183,8 @@ def test_apply_sets_the_kept_choice_once_per_process(tmp_path, monkeypatch, rest
     assert {b: kernels.quant_int8_rows(b) for b in WIDTHS} == kept.rows
     # An AVX2 build has no dequantized-tile path: it reports none whatever is set.
     no_tile_path = kernels.quant_dequant_rows_builtin(False) >= 2**62
-    assert kernels.quant_dequant_rows(False) == (kernels.quant_dequant_rows_builtin(False) if no_tile_path else 64)
+    expected = kernels.quant_dequant_rows_builtin(False) if no_tile_path else 64
+    assert kernels.quant_dequant_rows(False) == expected
     assert kernels.quant_dequant_rows(True) == kernels.quant_dequant_rows_builtin(True)
     path.unlink()  # the process's choice is made: nothing is read or timed again
     assert quant_path_tuning.apply() == kept.rows
