@@ -12,7 +12,7 @@ import pytest
 import torch
 from model_harness import PagedRunner, max_abs_err, rel_err
 
-from sarathi.model import load_model
+from sarathi.model import kernels, load_model
 from sarathi.model.embedded import packaged_model_path
 from sarathi.model.loader import resolve_compute_dtype
 
@@ -68,6 +68,10 @@ def models(folder) -> dict:
 @pytest.mark.parametrize("chunk", [64, PROMPT_LEN])
 @pytest.mark.parametrize("precision", list(BOUNDS), ids=["fp32", "bf16", "bf16-math", "gguf"])
 def test_gemma3_logits_match_transformers(models, prompt, reference, precision, chunk) -> None:
+    if precision == (torch.bfloat16, torch.bfloat16) and chunk == PROMPT_LEN and not kernels.available():
+        # Without our bf16 kernel (no AVX512-BF16: a Zen3, older Xeons) bf16 math is not served by default
+        # and torch's bf16 matmul is emulated, ~30 s a case on a 2-core Zen3; chunk 64 still checks it.
+        pytest.skip("bf16 math in one prefill is checked where our bf16 kernel runs")
     model, arch = models[precision]
     runner = PagedRunner(model, arch, block_size=16, num_blocks=48)
     logits = runner.prefill("a", prompt, chunk=chunk)[-CHECKED_ROWS:]
