@@ -52,8 +52,11 @@ def test_a_compile_past_the_timeout_is_refused_and_the_helper_is_replaced():
         first = c.pid
         with pytest.raises(ConstraintError, match=r"took longer than 0\.2 s"):
             await c.check(SLOW)
+        # The replacement helper is what is checked here, not its speed: on a loaded 2-core machine even a
+        # two-word choice can miss a 0.2 s deadline.
+        c.limits = StructuredOutputLimits(compile_timeout_s=60)
         await c.check(YES_NO)
-        assert c.pid != first
+        assert c.pid is not None and c.pid != first and c.num_restarts == 1
         await c.close()
 
     asyncio.run(run())
