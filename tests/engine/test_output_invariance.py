@@ -23,7 +23,7 @@ from sarathi import LLM, SamplingParams
 
 # 20 lengths spread geometrically from 5 to 300 tokens. The prompts' ~1,500 tokens are run in fp32 by every
 # configuration below and cost most of this file's time (32 prompts, ~2,600 tokens, took 590 s of a slow
-# 2-core Zen3's suite; 20 keep every length band and take ~40% less).
+# 2-core Zen3's suite; 20 keep every length band in ~40% fewer tokens, ~20% less time: per-step cost stays).
 NUM_PROMPTS = 20
 # Up to 19 chunks at budget 16, 19 blocks of 16 tokens.
 MAX_PROMPT_LEN = 300
